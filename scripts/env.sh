@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the project's virtual environment in .venv and installs the pinned
+# dependencies and ctrtrain itself. Sourced by the other scripts; prints the venv's python.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${CTRTRAIN_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+# Reinstall only when the pins or the package metadata changed.
+stamp="$venv/.ctrtrain-installed"
+want="$(cat "$root/requirements/main.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -r "$root/requirements/main.txt"
+  "$venv/bin/python" -m pip install --quiet --no-deps -e "$root"
+  echo "$want" > "$stamp"
+fi
+export PATH="$venv/bin:$PATH"

@@ -1,0 +1,1 @@
+"""Benchmarks: measured throughput, median of repeats, with the machine described."""

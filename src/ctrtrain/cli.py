@@ -1,0 +1,231 @@
+"""`ctrtrain`: one command with sub-commands. Errors a user can act on print as one line
+(naming the file, line or field) and exit 2; any other failure exits 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import CtrError
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(","))
+
+
+def _data_commands(sub):
+    data = sub.add_parser("data", help="data tools: synth, featurize, convert, validate, split, inspect",
+                          description="Data tools for the fixed-field CTR schema "
+                                      "(label, ids[field_size], values[field_size]).")
+    dsub = data.add_subparsers(dest="data_cmd", required=True, metavar="TOOL")
+
+    p = dsub.add_parser("synth", help="synthesize Criteo-like data with a known Bayes-optimal AUC")
+    p.add_argument("--out", required=True, help="output directory (gets train/ valid/ test/)")
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--feature-size", type=int, default=1_000_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--files-per-split", type=int, default=2)
+    p.add_argument("--processes", type=int, default=None, help="default: CPU count")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_synth)
+
+    p = dsub.add_parser("featurize", help="raw Criteo TSV / CSV -> libsvm fixed fields (vocabulary or hashing)")
+    p.add_argument("inputs", nargs="+", help="raw files or directories")
+    p.add_argument("--out", required=True)
+    p.add_argument("--format", choices=["criteo", "csv"], default=None,
+                   help="default: TAB-separated = criteo, else csv with a header")
+    p.add_argument("--vocab", default=None,
+                   help="reuse this vocab.json (for test splits and prediction) instead of building one")
+    p.add_argument("--min-count", type=int, default=10, help="keep categorical values seen this often")
+    p.add_argument("--hash-buckets", type=int, default=0, help="hash categoricals into N buckets per field")
+    p.add_argument("--no-label", action="store_true", help="rows have no label column")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_featurize)
+
+    p = dsub.add_parser("convert", help="libsvm -> TFRecord shards (or back with --to libsvm)")
+    p.add_argument("inputs", nargs="+", help="libsvm files or a data directory")
+    p.add_argument("--out", required=True)
+    p.add_argument("--to", choices=["tfrecord", "libsvm"], default="tfrecord")
+    p.add_argument("--field-size", type=int, default=None, help="default: from the input's manifest")
+    p.add_argument("--feature-size", type=int, default=None,
+                   help="ids must be below it; default: the input manifest's, else max id + 1")
+    p.add_argument("--shards", type=int, default=8, help="output files, equal record counts")
+    p.add_argument("--processes", type=int, default=None, help="default: CPU count")
+    p.add_argument("--gzip", action="store_true", help="gzip-compressed TFRecords")
+    p.add_argument("--labels", choices=["01", "pm1"], default="01", help="label values: 0/1 or -1/1 (libfm)")
+    p.add_argument("--max-bad-rows", type=int, default=0,
+                   help="skip and report up to N malformed rows instead of failing")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_convert)
+
+    p = dsub.add_parser("validate", help="check a data directory against its manifest")
+    p.add_argument("data_dir")
+    p.add_argument("--max-bad-rows", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="files, sizes and checksums only")
+    p.set_defaults(func=cmd_validate)
+
+    p = dsub.add_parser("split", help="deterministic train/valid/test split of text rows")
+    p.add_argument("inputs", nargs="+")
+    p.add_argument("--out", required=True)
+    p.add_argument("--fractions", type=_fractions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
+    p.add_argument("--by", choices=["hash", "order"], default="hash")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--header", action="store_true", help="first line is a header (CSV)")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_split)
+
+    p = dsub.add_parser("inspect", help="summarize a data directory's manifest")
+    p.add_argument("data_dir")
+    p.set_defaults(func=cmd_inspect)
+
+
+def cmd_synth(a):
+    from .data.synth import SynthConfig, synthesize
+    s = synthesize(a.out, SynthConfig(rows=a.rows, feature_size=a.feature_size, seed=a.seed,
+                                      files_per_split=a.files_per_split),
+                   processes=a.processes, overwrite=a.overwrite)
+    for name, d in s["splits"].items():
+        print(f"{name:5s} rows {d['rows']:>10,}  positive rate {d['positive_rate']:.3f}  "
+              f"Bayes-optimal AUC {d['bayes_auc']:.4f}  logloss {d['bayes_logloss']:.4f}")
+    print(f"wrote {a.out} (field_size {s['field_size']}, feature_size {s['feature_size']:,})")
+
+
+def cmd_featurize(a):
+    from .data.featurize import featurize
+    from .data.validate import describe
+    featurize(a.inputs, a.out, fmt=a.format, vocab_path=a.vocab, min_count=a.min_count,
+              hash_buckets=a.hash_buckets, has_label=not a.no_label, overwrite=a.overwrite)
+    print(describe(a.out))
+
+
+def _input_manifest(inputs):
+    from .data.manifest import MANIFEST_NAME, read_manifest
+    if len(inputs) == 1 and os.path.isfile(os.path.join(inputs[0], MANIFEST_NAME)):
+        return read_manifest(inputs[0])
+    return None
+
+
+def cmd_convert(a):
+    from .data.convert import libsvm_to_tfrecord, tfrecord_to_libsvm
+    from .data.validate import describe
+    from .errors import ConfigError
+    src = _input_manifest(a.inputs)
+    if a.to == "libsvm":
+        if len(a.inputs) != 1:
+            raise ConfigError("--to libsvm takes one TFRecord data directory")
+        tfrecord_to_libsvm(a.inputs[0], a.out, processes=a.processes, overwrite=a.overwrite)
+    else:
+        field_size = a.field_size or (src.field_size if src else None)
+        if field_size is None:
+            raise ConfigError("--field-size is required when the input has no manifest")
+        feature_size = a.feature_size or (src.feature_size if src else None)
+        vocab = os.path.join(a.inputs[0], src.vocabulary) if src and src.vocabulary else None
+        libsvm_to_tfrecord(src.paths(a.inputs[0]) if src else a.inputs, a.out,
+                           field_size=field_size, feature_size=feature_size,
+                           shards=a.shards, processes=a.processes,
+                           compression="gzip" if a.gzip else None, label_format=a.labels,
+                           max_bad_rows=a.max_bad_rows, overwrite=a.overwrite,
+                           vocabulary_file=vocab)
+    print(describe(a.out))
+    from .data.manifest import read_manifest
+    m = read_manifest(a.out)
+    for s in m.skipped_rows:
+        print(f"skipped {s['path']}: line {s['line']}: {s['reason']}", file=sys.stderr)
+
+
+def cmd_validate(a):
+    from .data.validate import validate
+    from .errors import DataError
+    try:
+        r = validate(a.data_dir, max_bad_rows=a.max_bad_rows, check_rows=not a.quick)
+    except DataError as e:
+        report = getattr(e, "report", None)
+        if report:
+            for p in report["problems"] + report["bad_rows"]:
+                print(f"problem: {p}", file=sys.stderr)
+        raise
+    print(f"ok: {r['data_dir']}: {r['files']} files, {r['records']:,} records"
+          + (f", {len(r['bad_rows'])} bad rows (allowed {a.max_bad_rows})" if r["bad_rows"] else ""))
+    for b in r["bad_rows"]:
+        print(f"bad row: {b}", file=sys.stderr)
+
+
+def cmd_split(a):
+    from .data.split import split_text
+    s = split_text(a.inputs, a.out, fractions=a.fractions, by=a.by, seed=a.seed, header=a.header,
+                   overwrite=a.overwrite)
+    print(json.dumps(s["rows"]))
+
+
+def cmd_inspect(a):
+    from .data.validate import describe
+    print(describe(a.data_dir))
+
+
+def _bench_commands(sub):
+    bench = sub.add_parser("bench", help="benchmarks (examples/s, median of runs)")
+    bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="WHAT")
+    p = bsub.add_parser("data", help="libsvm -> TFRecord conversion and TFRecord read throughput")
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--processes", type=_ints, default=[1, 2], help="e.g. 1,2")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--work-dir", default="runs/bench-data")
+    p.add_argument("--json", default=None, help="also write the results here")
+    p.set_defaults(func=cmd_bench_data)
+
+
+def cmd_bench_data(a):
+    from .bench.data_bench import run_data_bench
+    run_data_bench(rows=a.rows, processes=a.processes, repeats=a.repeats, work_dir=a.work_dir,
+                   json_path=a.json)
+
+
+def _quickstart_command(sub):
+    p = sub.add_parser("quickstart", help="the main job on embedded defaults: synthesize, convert, "
+                                          "train, evaluate, export")
+    p.add_argument("--work-dir", default="runs/quickstart")
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--feature-size", type=int, default=100_000)
+    p.set_defaults(func=cmd_quickstart)
+
+
+def cmd_quickstart(a):
+    from .quickstart import quickstart
+    quickstart(a.work_dir, rows=a.rows, feature_size=a.feature_size)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ctrtrain",
+        description="Train click-through-rate models (DeepFM) fast, from one process to a cluster.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"ctrtrain {__version__}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _data_commands(sub)
+    _bench_commands(sub)
+    _quickstart_command(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except CtrError as e:
+        print(f"ctrtrain: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ctrtrain: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Data layer: formats, featurization, conversion, validation, synthesis and splitting."""

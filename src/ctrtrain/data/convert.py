@@ -1,0 +1,199 @@
+"""Conversion between libsvm text and TFRecord shards, in parallel, with a manifest.
+
+Shards hold equal record counts (to one record) so that key-based sharding across hosts is
+balanced. Output appears only when complete: shards are renamed into place by their writers
+and the manifest is written last; on any failure every file this run wrote is removed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..progress import bar
+from .files import Segment, count_lines, list_inputs, read_line_blocks, split_ranges
+from .libsvm import BadRow, Rows, format_libsvm, parse_libsvm
+from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
+from .tfrecord import SUFFIX, ShardWriter
+
+BLOCK_LINES = 50_000
+
+
+def shard_name(i: int, n: int, suffix: str) -> str:
+    return f"part-{i:05d}-of-{n:05d}{suffix}"
+
+
+def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
+    """An output directory must be new or empty, or explicitly overwritten (never mixed)."""
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise DataError("output directory is not empty (pass --overwrite to replace it)",
+                            path=str(out))
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise DataError("output directory is not writable", path=str(out))
+    return out
+
+
+def _convert_shard(task):
+    """Worker: parse the shard's line segments and write one TFRecord file."""
+    path, segments, field_size, feature_size, label_format, compression, max_bad = task
+    writer = ShardWriter(path, compression)
+    bad: list[BadRow] = []
+    max_id, positives = -1, 0
+    try:
+        for seg in segments:
+            for first, text in read_line_blocks(seg, BLOCK_LINES):
+                rows, b = parse_libsvm(text, field_size, path=seg.path, first_line=first + 1,
+                                       label_format=label_format, feature_size=feature_size)
+                bad += b
+                if len(bad) > max_bad:
+                    writer.abort()
+                    return {"error": bad[: max_bad + 1], "bad": len(bad)}
+                writer.write_rows(rows)
+                if len(rows):
+                    max_id = max(max_id, int(rows.ids.max()))
+                    positives += int(rows.labels.sum())
+        records, size, sha = writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return {"file": FileEntry(os.path.basename(path), records, size, sha), "bad": bad,
+            "max_id": max_id, "positives": positives}
+
+
+def _pool(processes: int):
+    # spawn, not fork: the parent may have imported TensorFlow, which is not fork-safe.
+    return mp.get_context("spawn").Pool(processes)
+
+
+def _run_tasks(worker, tasks, processes: int, desc: str, unit_counts: list[int]):
+    """Runs tasks in a pool (or inline for one process), yielding results in task order."""
+    with bar(total=sum(unit_counts), desc=desc, unit="rows") as pb:
+        if processes <= 1 or len(tasks) <= 1:
+            for t, n in zip(tasks, unit_counts):
+                r = worker(t)
+                pb.update(n)
+                yield r
+            return
+        with _pool(min(processes, len(tasks))) as pool:
+            for r, n in zip(pool.imap(worker, tasks), unit_counts):
+                pb.update(n)
+                yield r
+
+
+def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | None = None,
+                       shards: int = 8, processes: int | None = None, compression: str | None = None,
+                       label_format: str = "01", max_bad_rows: int = 0, overwrite: bool = False,
+                       vocabulary_file: str | None = None) -> Manifest:
+    """Converts libsvm text files into `shards` TFRecord files with a manifest. A featurization
+    vocabulary travels with the data (copied beside the shards) so prediction can reuse it."""
+    files = list_inputs(inputs)
+    counts = [count_lines(f) for f in files]
+    if sum(counts) == 0:
+        raise DataError("input has no rows", path=", ".join(files))
+    shards = max(1, min(shards, sum(counts)))
+    processes = processes or os.cpu_count() or 1
+    out = prepare_output_dir(out_dir, overwrite)
+    suffix = SUFFIX + (".gz" if compression == "gzip" else "")
+    runs = split_ranges(files, counts, shards)
+    tasks = [(str(out / shard_name(i, shards, suffix)), segs, field_size, feature_size,
+              label_format, compression, max_bad_rows) for i, segs in enumerate(runs)]
+    results = []
+    try:
+        for r in _run_tasks(_convert_shard, tasks, processes, "convert",
+                            [sum(s.lines for s in segs) for segs in runs]):
+            results.append(r)
+            if "error" in r:
+                raise _too_many_bad(r["error"], max_bad_rows)
+        bad = [b for r in results for b in r["bad"]]
+        if len(bad) > max_bad_rows:
+            raise _too_many_bad(bad, max_bad_rows)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    max_id = max(r["max_id"] for r in results)
+    if vocabulary_file:
+        shutil.copy(vocabulary_file, out / os.path.basename(vocabulary_file))
+    manifest = Manifest(
+        format="tfrecord", field_size=field_size,
+        feature_size=feature_size if feature_size is not None else max_id + 1,
+        files=[r["file"] for r in results], compression=compression, label_format=label_format,
+        positives=sum(r["positives"] for r in results),
+        skipped_rows=[{"path": b.path, "line": b.line, "reason": b.reason} for b in bad],
+        vocabulary=os.path.basename(vocabulary_file) if vocabulary_file else None,
+        extra={"source": files, "feature_size_inferred": feature_size is None})
+    manifest.write(out)
+    return manifest
+
+
+def _too_many_bad(bad: list[BadRow], max_bad: int) -> DataError:
+    first = sorted(bad, key=lambda b: (b.path, b.line))[0]
+    err = first.as_error()
+    if max_bad:
+        err.args = (f"{err.args[0]} (more than --max-bad-rows {max_bad} bad rows)",)
+    return err
+
+
+def _tfrecord_shard_to_libsvm(task):
+    src, dst, field_size, compression = task
+    from .tfrecord import read_rows  # TensorFlow, only in this direction
+    tmp = dst + ".tmp"
+    try:
+        records = 0
+        with open(tmp, "wb") as f:
+            for rows in read_rows(src, field_size, compression):
+                f.write(format_libsvm(rows))
+                records += len(rows)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return FileEntry(os.path.basename(dst), records, os.path.getsize(dst), sha256_file(dst))
+
+
+def tfrecord_to_libsvm(data_dir, out_dir, *, processes: int | None = None,
+                       overwrite: bool = False) -> Manifest:
+    """Writes each TFRecord shard of a data directory back as one libsvm text file."""
+    m = read_manifest(data_dir)
+    if m.format != "tfrecord":
+        raise DataError(f"expected a tfrecord data directory, found format {m.format!r}",
+                        path=str(Path(data_dir) / MANIFEST_NAME))
+    out = prepare_output_dir(out_dir, overwrite)
+    tasks = [(src, str(out / (Path(f.path).name.split(SUFFIX)[0] + ".libsvm")), m.field_size,
+              m.compression) for src, f in zip(m.paths(data_dir), m.files)]
+    try:
+        entries = list(_run_tasks(_tfrecord_shard_to_libsvm, tasks, processes or os.cpu_count() or 1,
+                                  "to libsvm", [f.records for f in m.files]))
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    manifest = Manifest(format="libsvm", field_size=m.field_size, feature_size=m.feature_size,
+                        files=entries, positives=m.positives, vocabulary=m.vocabulary,
+                        extra={"source": str(data_dir)})
+    manifest.write(out)
+    return manifest
+
+
+def write_libsvm_dir(out_dir, parts: dict[str, Rows], *, field_size: int, feature_size: int,
+                     overwrite: bool = False, vocabulary: str | None = None,
+                     extra: dict | None = None) -> Manifest:
+    """Writes named blocks of rows as libsvm files with a manifest (featurize, split, synth)."""
+    out = prepare_output_dir(out_dir, overwrite)
+    entries = []
+    for name, rows in parts.items():
+        path = out / name
+        path.write_bytes(format_libsvm(rows))
+        entries.append(FileEntry(name, len(rows), path.stat().st_size, sha256_file(path)))
+    m = Manifest(format="libsvm", field_size=field_size, feature_size=feature_size, files=entries,
+                 positives=int(sum(r.labels.sum() for r in parts.values())),
+                 vocabulary=vocabulary, extra=extra or {})
+    m.write(out)
+    return m

@@ -1,0 +1,129 @@
+"""Finding input files and cutting them into line ranges, shared by every data tool."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from .manifest import MANIFEST_NAME
+
+_BLOCK = 1 << 24
+
+
+def list_inputs(paths: list[str] | str) -> list[str]:
+    """Files named directly, or every regular file in a named directory (sorted by name,
+    hidden files and manifests excluded). A missing path or an empty directory is an error."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(str(f) for f in p.iterdir() if f.is_file()
+                           and not f.name.startswith(".") and f.name != MANIFEST_NAME
+                           and not f.name.endswith((".tmp", ".json")))
+            if not found:
+                raise DataError("directory has no data files", path=str(p))
+            out += found
+        elif p.is_file():
+            out.append(str(p))
+        else:
+            raise DataError("no such file or directory", path=str(p))
+    return out
+
+
+def count_lines(path: str) -> int:
+    """Lines in a text file; a last line without its newline counts."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
+
+
+def line_offsets(path: str, lines: list[int]) -> dict[int, int]:
+    """Byte offset where each requested 0-based line starts (the file size for the line count)."""
+    want = sorted(set(lines))
+    found, base, seen = {}, 0, 0
+    i = 0
+    while i < len(want) and want[i] == 0:
+        found[0] = 0
+        i += 1
+    with open(path, "rb") as f:
+        while i < len(want) and (block := f.read(_BLOCK)):
+            nl = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+            while i < len(want) and want[i] - seen <= nl.size:
+                found[want[i]] = base + int(nl[want[i] - seen - 1]) + 1
+                i += 1
+            seen += nl.size
+            base += len(block)
+    size = os.path.getsize(path)
+    for w in want[i:]:
+        found[w] = size  # the line after a final unterminated line
+    return found
+
+
+@dataclasses.dataclass
+class Segment:
+    """Lines [first_line, first_line + lines) of one file, starting at byte `offset`."""
+    path: str
+    first_line: int   # 0-based
+    lines: int
+    offset: int
+
+
+def split_ranges(files: list[str], counts: list[int], parts: int) -> list[list[Segment]]:
+    """Cuts the concatenation of the files into `parts` runs of consecutive lines whose sizes
+    differ by at most one; each run is a list of per-file segments."""
+    total = sum(counts)
+    bounds = [total * k // parts for k in range(parts + 1)]
+    file_start = np.cumsum([0] + counts)
+    wanted: dict[int, list[int]] = {}
+    runs = []
+    for k in range(parts):
+        segs = []
+        lo, hi = bounds[k], bounds[k + 1]
+        for fi, path in enumerate(files):
+            a, b = max(lo, file_start[fi]), min(hi, file_start[fi + 1])
+            if a < b:
+                first = int(a - file_start[fi])
+                segs.append([fi, first, int(b - a)])
+                wanted.setdefault(fi, []).append(first)
+        runs.append(segs)
+    offsets = {fi: line_offsets(files[fi], ls) for fi, ls in wanted.items()}
+    return [[Segment(files[fi], first, n, offsets[fi][first]) for fi, first, n in segs]
+            for segs in runs]
+
+
+def read_line_blocks(seg: Segment, block_lines: int):
+    """Yields (first_line_0based, bytes of whole lines) blocks of at most block_lines lines."""
+    with open(seg.path, "rb") as f:
+        f.seek(seg.offset)
+        left, line = seg.lines, seg.first_line
+        carry = b""
+        while left > 0:
+            want = min(block_lines, left)
+            data = carry
+            while data.count(b"\n") < want:
+                more = f.read(max(1 << 20, want * 512))
+                if not more:
+                    break
+                data += more
+            nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+            if nl.size >= want:
+                cut, n = int(nl[want - 1]), want
+            elif data and not data.endswith(b"\n"):
+                cut, n = len(data) - 1, nl.size + 1  # a last line without newline
+            else:
+                cut, n = len(data) - 1, nl.size
+            if n == 0:
+                raise DataError("file is shorter than when it was counted (changed while reading?)",
+                                path=seg.path, line=line + 1)
+            yield line, data[:cut + 1]
+            carry = data[cut + 1:]
+            left -= n
+            line += n

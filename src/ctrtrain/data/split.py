@@ -1,0 +1,82 @@
+"""Deterministic train/validation/test split of text rows (libsvm, Criteo TSV, CSV)."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+from ..errors import DataError
+from .convert import prepare_output_dir
+from .files import list_inputs
+
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", seed: int = 0,
+               header: bool = False, overwrite: bool = False) -> dict:
+    """`by="hash"`: a row goes where the CRC32 of (seed, row text) falls, so a row's split does
+    not depend on the order or the other rows (and duplicates never straddle splits).
+    `by="order"`: the first fraction of rows to train, the next to valid, the rest to test.
+    A header line (CSV) is copied to every output."""
+    if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
+        raise DataError(f"fractions must be three non-negative numbers summing to 1, got {fractions}",
+                        field="fractions")
+    if by not in ("hash", "order"):
+        raise DataError(f"split by must be 'hash' or 'order', not {by!r}", field="by")
+    files = list_inputs(inputs)
+    out = prepare_output_dir(out_dir, overwrite)
+    suffix = Path(files[0]).suffix or ".txt"
+    paths = [out / f"{name}{suffix}" for name in SPLIT_NAMES]
+    handles = [open(str(p) + ".tmp", "wb") for p in paths]
+    counts = [0, 0, 0]
+    cut1 = fractions[0]
+    cut2 = fractions[0] + fractions[1]
+    try:
+        total = 0
+        if by == "order":
+            total = sum(_data_lines(f, header) for f in files)
+        salt = f"{seed}\x00".encode()
+        first_header, seen = None, 0
+        for f in files:
+            with open(f, "rb") as fh:
+                if header:
+                    h = fh.readline()
+                    if first_header is None:
+                        first_header = h
+                        for w in handles:
+                            w.write(h)
+                for line in fh:
+                    if not line.endswith(b"\n"):
+                        line += b"\n"
+                    if by == "hash":
+                        u = zlib.crc32(salt + line) / 2 ** 32
+                    else:
+                        u = seen / total
+                    k = 0 if u < cut1 else (1 if u < cut2 else 2)
+                    handles[k].write(line)
+                    counts[k] += 1
+                    seen += 1
+        for w in handles:
+            w.close()
+        for p in paths:
+            os.replace(str(p) + ".tmp", p)
+    except BaseException:
+        for w in handles:
+            w.close()
+        for p in paths:
+            for q in (p, Path(str(p) + ".tmp")):
+                if q.exists():
+                    q.unlink()
+        raise
+    summary = {"by": by, "seed": seed, "fractions": list(fractions), "inputs": files,
+               "rows": dict(zip(SPLIT_NAMES, counts)),
+               "files": {n: p.name for n, p in zip(SPLIT_NAMES, paths)}}
+    (out / "split.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _data_lines(path: str, header: bool) -> int:
+    from .files import count_lines
+    return count_lines(path) - (1 if header else 0)

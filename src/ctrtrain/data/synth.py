@@ -1,0 +1,203 @@
+"""Criteo-like synthetic data with a known Bayes-optimal AUC.
+
+39 fields: 13 numeric (one id each, value log1p of a heavy-tailed count, 20% missing = 0) and
+26 categorical whose cardinalities are Criteo Kaggle's scaled to the requested feature_size,
+ids Zipf-distributed within each field. Labels are drawn from a hidden FM + linear model; the
+true click probability of every row is known, so the AUC of those probabilities on the test
+split is the best any model can reach: the yardstick training is judged by. Signal fades with
+an id's rarity (rare ids carry small weights), as in real logs, so enough rows make the bound
+reachable. Every row depends only on (seed, row block), so output is the same for any number
+of processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..metrics import logloss, roc_auc
+from .convert import _run_tasks, prepare_output_dir
+from .libsvm import Rows, format_libsvm
+from .manifest import FileEntry, Manifest, sha256_file
+
+# Criteo Kaggle (train.txt) distinct values of C1..C26.
+CRITEO_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
+                        8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15,
+                        286181, 105, 142572]
+N_NUMERIC = 13
+SPLITS = ("train", "valid", "test")
+BLOCK = 50_000
+SYNTH_INFO = "synth.json"
+
+
+@dataclasses.dataclass
+class SynthConfig:
+    rows: int = 1_000_000
+    feature_size: int = 1_000_000
+    seed: int = 0
+    zipf: float = 1.2            # exponent of the per-field id popularity
+    hidden_dim: int = 4          # latent size of the hidden FM
+    rarity_decay: float = 0.35   # weight scale ~ (1 + popularity rank) ** -decay
+    linear_std: float = 1.0      # std of the linear part of the logit
+    fm_std: float = 0.8          # std of the pairwise part of the logit
+    base_rate: float = 0.25
+    valid_fraction: float = 0.1
+    test_fraction: float = 0.1
+    files_per_split: int = 2
+
+    def cardinalities(self) -> list[int]:
+        budget = self.feature_size - N_NUMERIC
+        if budget < 2 * len(CRITEO_CARDINALITIES):
+            raise DataError(f"feature_size must be at least {N_NUMERIC + 52}", field="feature_size")
+        small = [c for c in CRITEO_CARDINALITIES if c <= 100]
+        scale = (budget - sum(small)) / sum(c for c in CRITEO_CARDINALITIES if c > 100)
+        cards = [c if c <= 100 else max(2, int(round(c * scale))) for c in CRITEO_CARDINALITIES]
+        cards[int(np.argmax(cards))] += budget - sum(cards)  # exact total
+        return cards
+
+    def split_bounds(self) -> dict[str, tuple[int, int]]:
+        n_test = int(round(self.rows * self.test_fraction))
+        n_valid = int(round(self.rows * self.valid_fraction))
+        n_train = self.rows - n_valid - n_test
+        return {"train": (0, n_train), "valid": (n_train, n_train + n_valid),
+                "test": (n_train + n_valid, self.rows)}
+
+
+class HiddenModel:
+    """The generator's FM + linear model; its parameters depend only on the config."""
+
+    def __init__(self, cfg: SynthConfig):
+        self.cfg = cfg
+        self.cards = cfg.cardinalities()
+        self.bases = np.cumsum([N_NUMERIC] + self.cards[:-1])
+        rng = np.random.default_rng([cfg.seed, 0])
+        rank = np.concatenate([np.zeros(N_NUMERIC)] + [np.arange(c) for c in self.cards])
+        scale = (1.0 + rank) ** -cfg.rarity_decay
+        self.w = rng.normal(0, 1, cfg.feature_size) * scale
+        self.v = rng.normal(0, 1, (cfg.feature_size, cfg.hidden_dim)) * scale[:, None]
+        self.cdfs = []
+        for c in self.cards:
+            p = (1.0 + np.arange(c)) ** -cfg.zipf
+            self.cdfs.append(np.cumsum(p / p.sum()))
+        # Calibrate the parts' scales and the bias on a pilot sample.
+        ids, values = self.sample_features(np.random.default_rng([cfg.seed, 1]), 20_000)
+        lin, fm = self._parts(ids, values)
+        self.a = cfg.linear_std / max(lin.std(), 1e-9)
+        self.b = cfg.fm_std / max(fm.std(), 1e-9)
+        logit = self.a * lin + self.b * fm
+        lo, hi = -20.0, 20.0
+        for _ in range(60):  # bias so that the mean click probability is base_rate
+            mid = (lo + hi) / 2
+            if (1 / (1 + np.exp(-(logit + mid)))).mean() < cfg.base_rate:
+                lo = mid
+            else:
+                hi = mid
+        self.bias = (lo + hi) / 2
+
+    def sample_features(self, rng, n: int):
+        f = N_NUMERIC + len(self.cards)
+        ids = np.empty((n, f), np.int64)
+        values = np.ones((n, f), np.float32)
+        ids[:, :N_NUMERIC] = np.arange(N_NUMERIC)
+        counts = np.floor(rng.lognormal(1.5, 1.5, (n, N_NUMERIC)))
+        present = rng.random((n, N_NUMERIC)) >= 0.2
+        values[:, :N_NUMERIC] = np.where(present, np.round(np.log1p(counts), 4), 0.0)
+        for j, (cdf, base) in enumerate(zip(self.cdfs, self.bases)):
+            r = np.minimum(np.searchsorted(cdf, rng.random(n)), len(cdf) - 1)
+            ids[:, N_NUMERIC + j] = base + r
+        return ids, values
+
+    def _parts(self, ids, values):
+        x = values.astype(np.float64)
+        lin = (self.w[ids] * x).sum(1)
+        vx = self.v[ids] * x[..., None]
+        fm = 0.5 * ((vx.sum(1) ** 2).sum(1) - (vx ** 2).sum((1, 2)))
+        return lin, fm
+
+    def probability(self, ids, values) -> np.ndarray:
+        lin, fm = self._parts(ids, values)
+        return 1 / (1 + np.exp(-(self.bias + self.a * lin + self.b * fm)))
+
+
+_MODEL_CACHE: dict = {}
+
+
+def _block_rows(cfg: SynthConfig, block: int, start: int, stop: int):
+    key = dataclasses.astuple(cfg)
+    model = _MODEL_CACHE.get(key) or _MODEL_CACHE.setdefault(key, HiddenModel(cfg))
+    rng = np.random.default_rng([cfg.seed, 2, block])
+    ids, values = model.sample_features(rng, BLOCK)
+    p = model.probability(ids, values)
+    labels = (rng.random(BLOCK) < p).astype(np.float32)
+    a, b = start - block * BLOCK, stop - block * BLOCK
+    return Rows(labels[a:b], ids[a:b], values[a:b]), p[a:b]
+
+
+def _write_file(task):
+    """Worker: rows [start, stop) into one libsvm file; returns its entry and (labels, probs)."""
+    cfg, path, start, stop = task
+    tmp = path + ".tmp"
+    labels, probs = [], []
+    with open(tmp, "wb") as f:
+        for block in range(start // BLOCK, (stop - 1) // BLOCK + 1):
+            lo, hi = max(start, block * BLOCK), min(stop, (block + 1) * BLOCK)
+            rows, p = _block_rows(cfg, block, lo, hi)
+            f.write(format_libsvm(rows))
+            labels.append(rows.labels)
+            probs.append(p)
+    os.replace(tmp, path)
+    entry = FileEntry(os.path.basename(path), stop - start, os.path.getsize(path), sha256_file(path))
+    return entry, np.concatenate(labels), np.concatenate(probs)
+
+
+def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | None = None,
+               overwrite: bool = False) -> dict:
+    """Writes <out>/{train,valid,test}/ libsvm data directories and <out>/synth.json with the
+    Bayes-optimal AUC and logloss of every split. Returns that summary."""
+    if cfg.rows < 10:
+        raise DataError("rows must be at least 10", field="rows")
+    out = prepare_output_dir(out_dir, overwrite)
+    model = HiddenModel(cfg)  # validates the config before any worker starts
+    tasks, owners = [], []
+    for split, (lo, hi) in cfg.split_bounds().items():
+        (out / split).mkdir()
+        k = max(1, min(cfg.files_per_split, hi - lo))
+        for i in range(k):
+            a, b = lo + (hi - lo) * i // k, lo + (hi - lo) * (i + 1) // k
+            tasks.append((cfg, str(out / split / f"part-{i:05d}.libsvm"), a, b))
+            owners.append(split)
+    try:
+        results = list(_run_tasks(_write_file, tasks, processes or os.cpu_count() or 1, "synth",
+                                  [t[3] - t[2] for t in tasks]))
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    summary = {"config": dataclasses.asdict(cfg), "field_size": N_NUMERIC + len(model.cards),
+               "feature_size": cfg.feature_size, "cardinalities": model.cards, "splits": {}}
+    for split in SPLITS:
+        mine = [r for r, o in zip(results, owners) if o == split]
+        labels = np.concatenate([r[1] for r in mine])
+        probs = np.concatenate([r[2] for r in mine])
+        m = Manifest(format="libsvm", field_size=summary["field_size"],
+                     feature_size=cfg.feature_size, files=[r[0] for r in mine],
+                     positives=int(labels.sum()), extra={"synth_split": split})
+        m.write(out / split)
+        summary["splits"][split] = {"rows": int(labels.size), "positive_rate": float(labels.mean()),
+                                    "bayes_auc": roc_auc(labels, probs),
+                                    "bayes_logloss": logloss(labels, probs)}
+    (out / SYNTH_INFO).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def read_synth_info(data_dir) -> dict | None:
+    """The synth summary of a synthesized data set, looked up from any split's directory."""
+    for p in (Path(data_dir), Path(data_dir).parent):
+        if (p / SYNTH_INFO).exists():
+            return json.loads((p / SYNTH_INFO).read_text())
+    return None

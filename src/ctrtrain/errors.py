@@ -1,0 +1,30 @@
+"""Errors a user can act on. Each names the place (file, line or record, field) it is about."""
+
+from __future__ import annotations
+
+
+class CtrError(Exception):
+    """Base for every error ctrtrain reports to a user (the CLI prints it without a traceback)."""
+
+
+class DataError(CtrError):
+    """Bad input data; names the file and, where known, the line (1-based) or record (0-based)."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None,
+                 record: int | None = None, field: str | None = None):
+        self.path, self.line, self.record, self.field = path, line, record, field
+        self.reason = message
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if line is not None:
+            where.append(f"line {line}")
+        if record is not None:
+            where.append(f"record {record}")
+        if field is not None:
+            where.append(f"field {field}")
+        super().__init__((": ".join([", ".join(where), message])) if where else message)
+
+
+class ConfigError(CtrError):
+    """A bad flag, job spec key or value; the message names it and what is allowed."""
