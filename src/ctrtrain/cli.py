@@ -91,6 +91,8 @@ def cmd_synth(a):
                                       files_per_split=a.files_per_split),
                    processes=a.processes, overwrite=a.overwrite)
     for name, d in s["splits"].items():
+        if not d["rows"]:
+            continue
         print(f"{name:5s} rows {d['rows']:>10,}  positive rate {d['positive_rate']:.3f}  "
               f"Bayes-optimal AUC {d['bayes_auc']:.4f}  logloss {d['bayes_logloss']:.4f}")
     print(f"wrote {a.out} (field_size {s['field_size']}, feature_size {s['feature_size']:,})")
@@ -186,6 +188,92 @@ def cmd_bench_data(a):
                    json_path=a.json)
 
 
+def _train_commands(sub):
+    from .train.loop import TrainConfig
+    d = TrainConfig("", "")
+    p = sub.add_parser("train", help="train DeepFM on one host (evaluate, checkpoint, export)",
+                       description="Train DeepFM with a custom tf.function loop. Re-running the "
+                                   "same command resumes from the last checkpoint.")
+    p.add_argument("--train", required=True, dest="train_dir", help="training data directory")
+    p.add_argument("--valid", dest="valid_dir", help="validation data directory")
+    p.add_argument("--test", dest="test_dir", help="test data directory")
+    p.add_argument("--model-dir", required=True, help="checkpoints, logs, metrics and export")
+    g = p.add_argument_group("model")
+    g.add_argument("--embedding-size", type=int, default=d.embedding_size)
+    g.add_argument("--deep-layers", type=_ints, default=list(d.deep_layers), help="e.g. 256,128,64")
+    g.add_argument("--dropout", type=float, default=d.dropout, help="drop rate of deep layers")
+    g.add_argument("--batch-norm", action="store_true")
+    g.add_argument("--l2-reg", type=float, default=d.l2_reg)
+    g.add_argument("--optimizer", choices=["adam", "adagrad", "ftrl", "sgd", "momentum"], default=d.optimizer)
+    g.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    g = p.add_argument_group("schedule")
+    g.add_argument("--batch-size", type=int, default=d.batch_size)
+    g.add_argument("--epochs", type=float, default=d.epochs)
+    g.add_argument("--steps", type=int, default=None, help="overrides --epochs")
+    g.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer)
+    g.add_argument("--cache", action="store_true", help="keep the training records in memory")
+    g.add_argument("--log-every", type=int, default=d.log_every)
+    g.add_argument("--eval-every", type=int, default=d.eval_every)
+    g.add_argument("--early-stopping", type=int, default=d.early_stopping, metavar="EVALS")
+    g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="STEPS")
+    g.add_argument("--checkpoint-secs", type=float, default=d.checkpoint_secs)
+    g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    g = p.add_argument_group("speed")
+    g.add_argument("--xla", action="store_true", help="jit_compile the train step")
+    g.add_argument("--mixed-precision", action="store_true", help="bfloat16 MLP compute")
+    g.add_argument("--intra-op-threads", type=int, default=0, help="0 = automatic")
+    g.add_argument("--inter-op-threads", type=int, default=0)
+    g.add_argument("--data-threads", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-export", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("predict", help="batch inference with an exported SavedModel")
+    p.add_argument("--model", required=True, help="a SavedModel, or a model dir's export/ base")
+    p.add_argument("--input", required=True, nargs="+", help="data dir, TFRecord, libsvm or raw files")
+    p.add_argument("--out", required=True, help="CSV, or JSON lines if it ends in .jsonl")
+    p.add_argument("--input-format", choices=["auto", "dir", "tfrecord", "libsvm", "raw"], default="auto")
+    p.add_argument("--vocab", default=None, help="vocabulary for raw rows (default: the model's)")
+    p.add_argument("--no-label", action="store_true", help="raw rows have no label column")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.set_defaults(func=cmd_predict)
+
+
+def train_config_from_args(a):
+    from .train.loop import TrainConfig
+    from .train.threads import ThreadConfig
+    return TrainConfig(
+        train_dir=a.train_dir, model_dir=a.model_dir, valid_dir=a.valid_dir, test_dir=a.test_dir,
+        embedding_size=a.embedding_size, deep_layers=tuple(a.deep_layers), dropout=a.dropout,
+        batch_norm=a.batch_norm, l2_reg=a.l2_reg, optimizer=a.optimizer,
+        learning_rate=a.learning_rate, batch_size=a.batch_size, epochs=a.epochs, steps=a.steps,
+        shuffle_buffer=a.shuffle_buffer, cache=a.cache, log_every=a.log_every,
+        eval_every=a.eval_every, early_stopping=a.early_stopping,
+        checkpoint_every=a.checkpoint_every, checkpoint_secs=a.checkpoint_secs,
+        keep_checkpoints=a.keep_checkpoints, xla=a.xla, mixed_precision=a.mixed_precision,
+        threads=ThreadConfig(a.intra_op_threads, a.inter_op_threads, a.data_threads),
+        seed=a.seed, export=not a.no_export, progress=not a.quiet)
+
+
+def cmd_train(a):
+    from .train.loop import train
+    r = train(train_config_from_args(a))
+    for split in ("valid", "test"):
+        if r.get(split):
+            print(f"{split}: AUC {r[split]['auc']:.4f}  logloss {r[split]['logloss']:.4f}  "
+                  f"({r[split]['examples']:,} examples)")
+    if r.get("export"):
+        print(f"exported SavedModel: {r['export']}")
+
+
+def cmd_predict(a):
+    from .train.predict import predict
+    n = predict(a.model, a.input, a.out, input_format=a.input_format, vocab=a.vocab,
+                has_label=not a.no_label, batch=a.batch_size)
+    print(f"wrote {n:,} predictions to {a.out}")
+
+
 def _quickstart_command(sub):
     p = sub.add_parser("quickstart", help="the main job on embedded defaults: synthesize, convert, "
                                           "train, evaluate, export")
@@ -208,12 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ctrtrain {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _data_commands(sub)
+    _train_commands(sub)
     _bench_commands(sub)
     _quickstart_command(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -164,7 +164,7 @@ def _format_numbers(x: np.ndarray) -> np.ndarray:
     """Shortest text that reads back to the same float32; integral values without '.0'."""
     x32 = np.asarray(x, dtype=np.float32)
     integral = (x32 == np.round(x32)) & (np.abs(x32) < 2 ** 24)
-    return np.where(integral, x32.astype(np.int64).astype(str), x32.astype(str))
+    return np.where(integral, np.where(integral, x32, 0).astype(np.int64).astype(str), x32.astype(str))
 
 
 def _format_generic(rows: Rows) -> bytes:

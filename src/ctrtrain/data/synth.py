@@ -167,7 +167,7 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
     tasks, owners = [], []
     for split, (lo, hi) in cfg.split_bounds().items():
         (out / split).mkdir()
-        k = max(1, min(cfg.files_per_split, hi - lo))
+        k = min(cfg.files_per_split, hi - lo)  # an empty split gets no files
         for i in range(k):
             a, b = lo + (hi - lo) * i // k, lo + (hi - lo) * (i + 1) // k
             tasks.append((cfg, str(out / split / f"part-{i:05d}.libsvm"), a, b))
@@ -182,15 +182,17 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
                "feature_size": cfg.feature_size, "cardinalities": model.cards, "splits": {}}
     for split in SPLITS:
         mine = [r for r, o in zip(results, owners) if o == split]
-        labels = np.concatenate([r[1] for r in mine])
-        probs = np.concatenate([r[2] for r in mine])
+        labels = np.concatenate([r[1] for r in mine] or [np.zeros(0, np.float32)])
+        probs = np.concatenate([r[2] for r in mine] or [np.zeros(0)])
         m = Manifest(format="libsvm", field_size=summary["field_size"],
                      feature_size=cfg.feature_size, files=[r[0] for r in mine],
                      positives=int(labels.sum()), extra={"synth_split": split})
         m.write(out / split)
-        summary["splits"][split] = {"rows": int(labels.size), "positive_rate": float(labels.mean()),
-                                    "bayes_auc": roc_auc(labels, probs),
-                                    "bayes_logloss": logloss(labels, probs)}
+        summary["splits"][split] = {"rows": int(labels.size)}
+        if labels.size:
+            summary["splits"][split].update(
+                positive_rate=float(labels.mean()), bayes_auc=roc_auc(labels, probs),
+                bayes_logloss=logloss(labels, probs))
     (out / SYNTH_INFO).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

@@ -1,0 +1,1 @@
+"""tf.data input pipelines: sources, vectorized parsing, the transformation order."""

@@ -1,0 +1,1 @@
+"""Training: loops per strategy, evaluation, checkpoints, export and batch prediction."""

@@ -1,0 +1,59 @@
+"""SavedModel export with a serving signature (ids, values) -> prob, loadable by TF Serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import tensorflow as tf
+
+EXTRA = "assets.extra"   # files TF Serving ignores but travel with the model
+INFO = "ctrtrain.json"
+VOCAB = "vocab.json"
+
+
+class _Serving(tf.Module):
+    def __init__(self, model, field_size: int):
+        super().__init__()
+        self.model = model
+        spec = [tf.TensorSpec([None, field_size], tf.int64, name="ids"),
+                tf.TensorSpec([None, field_size], tf.float32, name="values")]
+
+        @tf.function(input_signature=spec)
+        def serve(ids, values):
+            logits, _ = self.model(ids, values, training=False)
+            return {"prob": tf.sigmoid(logits)}
+        self.serve = serve
+
+
+def export_saved_model(model, export_base, version: int, info: dict,
+                       vocab_file: str | None = None) -> str:
+    """Writes <export_base>/<version>/ (TF Serving's layout) atomically; returns its path."""
+    final = Path(export_base) / str(version)
+    tmp = Path(export_base) / f".{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    serving = _Serving(model, model.cfg.field_size)
+    tf.saved_model.save(serving, str(tmp), signatures={"serving_default": serving.serve})
+    (tmp / EXTRA).mkdir(exist_ok=True)
+    (tmp / EXTRA / INFO).write_text(json.dumps(info, indent=2) + "\n")
+    if vocab_file:
+        shutil.copy(vocab_file, tmp / EXTRA / VOCAB)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return str(final)
+
+
+def latest_export(path) -> str:
+    """A SavedModel directory, or the highest version under an export base."""
+    p = Path(path)
+    if (p / "saved_model.pb").exists():
+        return str(p)
+    versions = sorted((int(d.name), d) for d in p.glob("[0-9]*") if (d / "saved_model.pb").exists()) \
+        if p.is_dir() else []
+    if not versions:
+        from ..errors import DataError
+        raise DataError("no SavedModel here (expected saved_model.pb or numbered versions)",
+                        path=str(p))
+    return str(versions[-1][1])

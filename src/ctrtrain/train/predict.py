@@ -1,0 +1,106 @@
+"""Batch inference (the SageMaker Batch Transform job): a SavedModel over TFRecord, libsvm or
+raw Criteo/CSV rows (through the vocabulary saved with the model), one output row per input
+row, in input order."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..progress import bar
+from .export import EXTRA, INFO, VOCAB, latest_export
+
+
+def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, vocab: str | None,
+            has_label: bool, batch: int):
+    """Yields (labels or None, ids, values) blocks in input order."""
+    from ..data.manifest import MANIFEST_NAME, read_manifest
+    if input_format == "auto":
+        first = inputs[0]
+        if os.path.isdir(first) and os.path.exists(os.path.join(first, MANIFEST_NAME)):
+            input_format = "dir"
+        elif first.endswith((".tfrecord", ".tfrecord.gz")):
+            input_format = "tfrecord"
+        else:
+            with open(first, "rb") as f:
+                head = f.readline()
+            input_format = "libsvm" if b":" in head and b"\t" not in head else "raw"
+    if input_format in ("dir", "tfrecord", "libsvm"):
+        from ..input.pipeline import PipelineConfig, dataset_from_dir, make_dataset
+        pcfg = PipelineConfig(batch_size=batch)
+        if input_format == "dir":
+            if len(inputs) != 1:
+                raise DataError("give one data directory, or files", path=", ".join(inputs))
+            ds, m = dataset_from_dir(inputs[0], pcfg, training=False)
+            field_size = m.field_size
+        else:
+            field_size = info["field_size"]
+            comp = "gzip" if inputs[0].endswith(".gz") else None
+            ds = make_dataset(inputs, field_size, fmt=input_format, compression=comp, cfg=pcfg,
+                              training=False)
+        if field_size != info["field_size"]:
+            raise DataError(f"input has field_size {field_size}, the model expects "
+                            f"{info['field_size']}", path=inputs[0])
+        for b in ds:
+            yield b["label"].numpy(), b["ids"].numpy(), b["values"].numpy()
+        return
+    if input_format != "raw":
+        raise DataError(f"unknown input format {input_format!r}")
+    from ..data.featurize import Vocabulary, featurize_file
+    vocab_path = vocab or os.path.join(export_dir, EXTRA, VOCAB)
+    if not os.path.exists(vocab_path):
+        raise DataError("raw rows need the featurization vocabulary: the model has none "
+                        "(pass --vocab)", path=vocab_path)
+    v = Vocabulary.load(vocab_path)
+    for f in inputs:
+        for rows in featurize_file(f, v, has_label=has_label):
+            for a in range(0, len(rows), batch):
+                yield (rows.labels[a:a + batch] if has_label else None, rows.ids[a:a + batch],
+                       rows.values[a:a + batch])
+
+
+def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: str | None = None,
+            has_label: bool = True, batch: int = 4096, out_format: str | None = None) -> int:
+    """Writes one prediction per input row (CSV `prob[,label]` or JSON lines); returns the count."""
+    import tensorflow as tf
+    export_dir = latest_export(model_path)
+    info = json.loads((Path(export_dir) / EXTRA / INFO).read_text())
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    out_format = out_format or ("jsonl" if str(out_path).endswith((".jsonl", ".json")) else "csv")
+    if out_format not in ("csv", "jsonl"):
+        raise DataError(f"output format must be csv or jsonl, not {out_format!r}")
+    inputs = [str(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
+    for p in inputs:
+        if not os.path.exists(p):
+            raise DataError("no such file or directory", path=p)
+    tmp = str(out_path) + ".tmp"
+    n = 0
+    try:
+        with open(tmp, "w") as out, bar(desc="predict", unit="rows") as pb:
+            if out_format == "csv":
+                out.write("row,prob" + (",label" if has_label else "") + "\n")
+            for labels, ids, values in _blocks(inputs, info, export_dir, input_format, vocab,
+                                               has_label, batch):
+                probs = serve(ids=tf.constant(ids, tf.int64),
+                              values=tf.constant(values, tf.float32))["prob"].numpy()
+                rows = np.arange(n, n + len(probs))
+                if out_format == "csv":
+                    cols = [rows.astype(str), np.char.mod("%.6f", probs)]
+                    if has_label and labels is not None:
+                        cols.append(labels.astype(np.int64).astype(str))
+                    out.write("".join(",".join(r) + "\n" for r in zip(*cols)))
+                else:
+                    for i, p in zip(rows.tolist(), probs.tolist()):
+                        rec = {"row": i, "prob": round(p, 6)}
+                        out.write(json.dumps(rec) + "\n")
+                n += len(probs)
+                pb.update(len(probs))
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return n

@@ -1,0 +1,97 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import random_rows, run_cli
+from ctrtrain.data.convert import libsvm_to_tfrecord, tfrecord_to_libsvm
+from ctrtrain.data.libsvm import Rows, format_libsvm, parse_libsvm
+from ctrtrain.data.manifest import read_manifest, sha256_file
+from ctrtrain.data.tfrecord import read_rows
+from ctrtrain.errors import DataError
+
+
+def write_inputs(d, sizes, seed=0):
+    d.mkdir(parents=True, exist_ok=True)
+    paths, parts = [], []
+    for i, n in enumerate(sizes):
+        rows = random_rows(n, seed=seed + i)
+        p = d / f"in{i}.libsvm"
+        p.write_bytes(format_libsvm(rows))
+        paths.append(str(p))
+        parts.append(rows)
+    return paths, Rows.concat(parts, 39)
+
+
+def read_all(data_dir):
+    m = read_manifest(data_dir)
+    return Rows.concat([r for p in m.paths(data_dir) for r in read_rows(p, m.field_size, m.compression)], 39)
+
+
+@pytest.mark.parametrize("processes,compression", [(1, None), (2, "gzip")])
+def test_round_trip_is_lossless_and_shards_are_balanced(tmp_path, processes, compression):
+    paths, rows = write_inputs(tmp_path / "in", [1234, 1, 2345])
+    m = libsvm_to_tfrecord(paths, tmp_path / "tf", field_size=39, feature_size=10_000, shards=7,
+                           processes=processes, compression=compression)
+    counts = [f.records for f in m.files]
+    assert sum(counts) == 3580 and max(counts) - min(counts) <= 1
+    assert m.positives == int(rows.labels.sum()) and m.feature_size == 10_000
+    for f, p in zip(m.files, m.paths(tmp_path / "tf")):
+        assert sha256_file(p) == f.sha256 and os.path.getsize(p) == f.bytes
+    back = read_all(tmp_path / "tf")  # shards keep the global row order
+    np.testing.assert_array_equal(back.ids, rows.ids)
+    np.testing.assert_array_equal(back.values, rows.values)
+    m2 = tfrecord_to_libsvm(tmp_path / "tf", tmp_path / "back", processes=processes)
+    text = b"".join(open(p, "rb").read() for p in m2.paths(tmp_path / "back"))
+    original = b"".join(open(p, "rb").read() for p in paths)
+    assert text == original  # canonical libsvm -> TFRecord -> libsvm is byte-identical
+
+
+def test_same_output_for_any_process_count(tmp_path):
+    paths, _ = write_inputs(tmp_path / "in", [3000])
+    a = libsvm_to_tfrecord(paths, tmp_path / "a", field_size=39, shards=4, processes=1)
+    b = libsvm_to_tfrecord(paths, tmp_path / "b", field_size=39, shards=4, processes=2)
+    assert [f.sha256 for f in a.files] == [f.sha256 for f in b.files]
+    assert a.extra["feature_size_inferred"] and a.feature_size == int(read_all(tmp_path / "a").ids.max()) + 1
+
+
+def test_bad_row_fails_and_leaves_no_output(tmp_path):
+    paths, _ = write_inputs(tmp_path / "in", [500, 500])
+    lines = open(paths[1], "rb").read().split(b"\n")
+    lines[41] = lines[41].replace(b":", b" ", 1)
+    open(paths[1], "wb").write(b"\n".join(lines))
+    with pytest.raises(DataError) as e:
+        libsvm_to_tfrecord(paths, tmp_path / "tf", field_size=39, shards=3, processes=2)
+    assert e.value.path == paths[1] and e.value.line == 42
+    assert not (tmp_path / "tf").exists()
+
+
+def test_skip_policy_counts_and_reports(tmp_path):
+    paths, rows = write_inputs(tmp_path / "in", [300])
+    lines = open(paths[0], "rb").read().split(b"\n")
+    lines[9] = b"1 2:1"
+    lines[99] = b"3 " + lines[99][2:]
+    open(paths[0], "wb").write(b"\n".join(lines))
+    with pytest.raises(DataError):
+        libsvm_to_tfrecord(paths, tmp_path / "x", field_size=39, max_bad_rows=1)
+    m = libsvm_to_tfrecord(paths, tmp_path / "tf", field_size=39, max_bad_rows=2, shards=2)
+    assert m.records == 298
+    assert [(s["line"], s["path"]) for s in m.skipped_rows] == [(10, paths[0]), (100, paths[0])]
+
+
+def test_cli_convert_errors_name_the_line(tmp_path):
+    p = tmp_path / "bad.libsvm"
+    p.write_text("1 1:1 2:1\n0 1:1 2:x\n")
+    r = run_cli("data", "convert", p, "--out", tmp_path / "o", "--field-size", 2, check=False)
+    assert r.returncode == 2
+    assert f"{p}, line 2" in r.stderr and "not numeric" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_to_mix_outputs(tmp_path):
+    paths, _ = write_inputs(tmp_path / "in", [10])
+    run_cli("data", "convert", paths[0], "--out", tmp_path / "o", "--field-size", 39)
+    r = run_cli("data", "convert", paths[0], "--out", tmp_path / "o", "--field-size", 39, check=False)
+    assert r.returncode == 2 and "not empty" in r.stderr
+    run_cli("data", "convert", paths[0], "--out", tmp_path / "o", "--field-size", 39, "--overwrite")

@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from ctrtrain.data.featurize import Vocabulary, build_vocabulary, featurize, featurize_file
+from ctrtrain.data.libsvm import Rows
+from ctrtrain.data.manifest import read_manifest
+from ctrtrain.errors import DataError
+
+
+def test_criteo_tsv_with_stripped_trailing_fields(shared, tmp_path):
+    src = shared / "criteo_head1000" / "train.txt"
+    raw_lines = src.read_text().split("\n")[:1000]
+    short = [i for i, l in enumerate(raw_lines) if len(l.split("\t")) < 40]
+    assert len(short) == 498  # the sample's real-world mess is there
+    v = build_vocabulary([str(src)], min_count=2)
+    rows = Rows.concat(list(featurize_file(str(src), v)), 39)
+    assert len(rows) == 1000 and abs(rows.labels.mean() - 0.205) < 1e-9
+    assert rows.ids.min() >= 0 and rows.ids.max() < v.feature_size
+    assert (rows.ids[:, :13] == np.arange(13)).all()
+    # Stripped trailing fields are missing values: every such row's last categorical is the
+    # same "missing" id as an explicitly empty one.
+    last_field = rows.ids[short, 38]
+    empty_id = v.bases()[-1] + v._index["C26"].get("", 0)
+    assert (last_field == empty_id).all()
+    # Each categorical field's ids stay inside its own block; index 0 of a block is OOV.
+    bases = v.bases() + [v.feature_size]
+    for j in range(26):
+        assert ((rows.ids[:, 13 + j] >= bases[j]) & (rows.ids[:, 13 + j] < bases[j + 1])).all()
+
+
+def test_vocabulary_reuse_gives_stable_ids_and_oov(shared, tmp_path):
+    src = shared / "criteo_head1000" / "train.txt"
+    m = featurize([str(src)], tmp_path / "train", min_count=3)
+    assert m.vocabulary == "vocab.json" and m.records == 1000
+    v = Vocabulary.load(str(tmp_path / "train" / "vocab.json"))
+    # A "test split" with a value never seen in training maps to the field's OOV id.
+    line = src.read_text().split("\n")[0].split("\t")
+    line[15] = "deadbeef"
+    test = tmp_path / "test.txt"
+    test.write_text("\t".join(line) + "\n")
+    featurize([str(test)], tmp_path / "test", vocab_path=str(tmp_path / "train" / "vocab.json"))
+    a = open(tmp_path / "train" / "train.libsvm").readline().split()
+    b = open(tmp_path / "test" / "test.libsvm").readline().split()
+    assert a[:15] == b[:15] and a[16:] == b[16:]
+    assert b[15] == f"{v.bases()[1]}:1"  # C2's OOV id
+    assert read_manifest(tmp_path / "test").feature_size == v.feature_size
+
+
+def test_csv_samples_with_header(shared):
+    v = build_vocabulary([str(shared / "deepctr_samples" / "criteo_sample.txt")], min_count=1)
+    rows = Rows.concat(list(featurize_file(str(shared / "deepctr_samples" / "criteo_sample.txt"), v)), 39)
+    assert len(rows) == 200 and v.schema.numeric[0] == "I1" and v.schema.label == "label"
+    av = build_vocabulary([str(shared / "deepctr_samples" / "avazu_sample.txt")], min_count=1)
+    assert av.schema.label == "click" and "id" not in av.schema.categorical
+    arows = Rows.concat(list(featurize_file(str(shared / "deepctr_samples" / "avazu_sample.txt"), av)), 22)
+    assert len(arows) == 100 and arows.ids.max() < av.feature_size
+
+
+def test_hashing_mode(shared):
+    v = build_vocabulary([str(shared / "criteo_head1000" / "train.txt")], hash_buckets=64)
+    rows = Rows.concat(list(featurize_file(str(shared / "criteo_head1000" / "train.txt"), v)), 39)
+    assert v.feature_size == 13 + 26 * 64 and rows.ids.max() < v.feature_size
+
+
+def test_bad_numeric_field_is_named(tmp_path):
+    p = tmp_path / "raw.txt"
+    good = "\t".join(["1"] + ["3"] * 13 + ["ab"] * 26)
+    bad = "\t".join(["0", "3", "x7"] + ["3"] * 11 + ["ab"] * 26)
+    p.write_text(good + "\n" + bad + "\n")
+    with pytest.raises(DataError) as e:
+        build_vocabulary([str(p)], min_count=1)
+    assert e.value.line == 2 and e.value.field == "I2"
+    r = run_cli("data", "featurize", p, "--out", tmp_path / "o", check=False)
+    assert r.returncode == 2 and "line 2" in r.stderr and "I2" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_featurize_then_convert_carries_the_vocabulary(shared, tmp_path):
+    run_cli("data", "featurize", shared / "criteo_head1000" / "train.txt", "--out", tmp_path / "f",
+            "--min-count", "2")
+    run_cli("data", "convert", tmp_path / "f", "--out", tmp_path / "tf", "--shards", 3)
+    m = read_manifest(tmp_path / "tf")
+    assert m.records == 1000 and m.vocabulary == "vocab.json" and (tmp_path / "tf" / "vocab.json").exists()
+    run_cli("data", "validate", tmp_path / "tf")

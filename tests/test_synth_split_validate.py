@@ -1,0 +1,98 @@
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from ctrtrain.data.files import list_inputs
+from ctrtrain.data.libsvm import Rows, parse_libsvm
+from ctrtrain.data.manifest import read_manifest
+from ctrtrain.data.split import split_text
+from ctrtrain.data.synth import HiddenModel, SynthConfig, synthesize
+from ctrtrain.data.validate import validate
+from ctrtrain.errors import DataError
+from ctrtrain.metrics import roc_auc
+
+
+def test_synth_is_deterministic_and_reports_the_true_bayes_auc(tmp_path):
+    cfg = SynthConfig(rows=6000, feature_size=5000, seed=3)
+    a = synthesize(tmp_path / "a", cfg, processes=1)
+    b = synthesize(tmp_path / "b", cfg, processes=2)
+    for split in ("train", "valid", "test"):
+        ma, mb = read_manifest(tmp_path / "a" / split), read_manifest(tmp_path / "b" / split)
+        assert [f.sha256 for f in ma.files] == [f.sha256 for f in mb.files]
+    assert a["splits"] == b["splits"]
+    c = synthesize(tmp_path / "c", SynthConfig(rows=6000, feature_size=5000, seed=4), processes=1)
+    assert read_manifest(tmp_path / "c" / "test").files[0].sha256 != \
+        read_manifest(tmp_path / "a" / "test").files[0].sha256
+    assert sum(a["cardinalities"]) + 13 == 5000 and a["field_size"] == 39
+    # Recompute the test split's Bayes AUC from the rows on disk and the hidden model.
+    m = read_manifest(tmp_path / "a" / "test")
+    rows = Rows.concat([parse_libsvm(open(p, "rb").read(), 39, feature_size=5000)[0]
+                        for p in m.paths(tmp_path / "a" / "test")], 39)
+    p = HiddenModel(cfg).probability(rows.ids, rows.values)
+    assert len(rows) == 600
+    assert abs(roc_auc(rows.labels, p) - a["splits"]["test"]["bayes_auc"]) < 1e-12
+    assert 0.65 < a["splits"]["test"]["bayes_auc"] < 0.95
+    assert 0.15 < a["splits"]["train"]["positive_rate"] < 0.35
+
+
+def test_split_by_hash_and_order(tmp_path, shared):
+    src = shared / "criteo_head1000" / "train.txt"
+    s = split_text([str(src)], tmp_path / "h", by="hash", seed=1)
+    assert sum(s["rows"].values()) == 1000 and 700 < s["rows"]["train"] < 900
+    again = split_text([str(src)], tmp_path / "h2", by="hash", seed=1)
+    assert (tmp_path / "h" / "test.txt").read_bytes() == (tmp_path / "h2" / "test.txt").read_bytes()
+    o = split_text([str(src)], tmp_path / "o", by="order", fractions=(0.5, 0.25, 0.25))
+    assert o["rows"] == {"train": 500, "valid": 250, "test": 250}
+    assert (tmp_path / "o" / "train.txt").read_text().split("\n")[0] == src.read_text().split("\n")[0]
+    csv = shared / "deepctr_samples" / "criteo_sample.txt"
+    c = split_text([str(csv)], tmp_path / "c", header=True)
+    header = csv.read_text().split("\n")[0]
+    for name in ("train", "valid", "test"):
+        assert (tmp_path / "c" / f"{name}.txt").read_text().split("\n")[0] == header
+    assert sum(c["rows"].values()) == 200
+    with pytest.raises(DataError):
+        split_text([str(src)], tmp_path / "bad", fractions=(0.5, 0.6, 0.1))
+
+
+def test_validate_catches_tampering_and_range(tmp_path):
+    synthesize(tmp_path / "s", SynthConfig(rows=2000, feature_size=3000), processes=1)
+    run_cli("data", "convert", tmp_path / "s" / "train", "--out", tmp_path / "tf", "--shards", 2)
+    assert validate(tmp_path / "tf")["records"] == 1600
+    m = read_manifest(tmp_path / "tf")
+    # ids outside a (wrongly) declared feature_size are reported with their record.
+    m.feature_size = 100
+    m.write(tmp_path / "tf")
+    with pytest.raises(DataError) as e:
+        validate(tmp_path / "tf")
+    assert "record" in str(e.value) and "outside" in str(e.value)
+    m.feature_size = 3000
+    m.write(tmp_path / "tf")
+    p = m.paths(tmp_path / "tf")[1]
+    data = bytearray(open(p, "rb").read())
+    data[100] ^= 0xFF
+    open(p, "wb").write(bytes(data))
+    r = run_cli("data", "validate", tmp_path / "tf", check=False)
+    assert r.returncode == 2 and "sha256" in r.stderr and p in r.stderr
+
+
+def test_missing_and_empty_inputs_are_named(tmp_path):
+    with pytest.raises(DataError) as e:
+        list_inputs([str(tmp_path / "nope")])
+    assert "nope" in str(e.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError) as e:
+        list_inputs([str(tmp_path / "empty")])
+    assert "no data files" in str(e.value)
+    r = run_cli("data", "validate", tmp_path / "empty", check=False)
+    assert r.returncode == 2 and "manifest" in r.stderr
+
+
+def test_cli_help_reads_well():
+    r = run_cli("--help")
+    for cmd in ("data", "bench", "quickstart"):
+        assert cmd in r.stdout
+    r = run_cli("data", "--help")
+    for tool in ("synth", "featurize", "convert", "validate", "split", "inspect"):
+        assert tool in r.stdout
