@@ -180,6 +180,28 @@ def _bench_commands(sub):
     p.add_argument("--work-dir", default="runs/bench-data")
     p.add_argument("--json", default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_data)
+    p = bsub.add_parser("train", help="DeepFM training examples/s vs the dense limit (reference config)")
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--feature-size", type=int, default=1_000_000)
+    p.add_argument("--steps", type=int, default=300, help="measured steps per run")
+    p.add_argument("--warmup", type=int, default=50, help="steps excluded from the figure")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--variants", default=None,
+                   help="YAML mapping name -> settings (threads, xla, mixed_precision, cache, batch_size)")
+    p.add_argument("--work-dir", default="runs/bench-train")
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=cmd_bench_train)
+
+
+def cmd_bench_train(a):
+    from .bench.train_bench import run_train_bench
+    variants = {"reference": {}}
+    if a.variants:
+        import yaml
+        with open(a.variants) as f:
+            variants = yaml.safe_load(f)
+    run_train_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size, steps=a.steps,
+                    warmup=a.warmup, repeats=a.repeats, variants=variants, json_path=a.json)
 
 
 def cmd_bench_data(a):
@@ -199,6 +221,8 @@ def _train_commands(sub):
     p.add_argument("--test", dest="test_dir", help="test data directory")
     p.add_argument("--model-dir", required=True, help="checkpoints, logs, metrics and export")
     g = p.add_argument_group("model")
+    g.add_argument("--feature-size", type=int, default=None,
+                   help="embedding table rows (default: the data's; larger leaves room for new ids)")
     g.add_argument("--embedding-size", type=int, default=d.embedding_size)
     g.add_argument("--deep-layers", type=_ints, default=list(d.deep_layers), help="e.g. 256,128,64")
     g.add_argument("--dropout", type=float, default=d.dropout, help="drop rate of deep layers")
@@ -219,7 +243,7 @@ def _train_commands(sub):
     g.add_argument("--checkpoint-secs", type=float, default=d.checkpoint_secs)
     g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
     g = p.add_argument_group("speed")
-    g.add_argument("--xla", action="store_true", help="jit_compile the train step")
+    g.add_argument("--xla", action="store_true", help="XLA-compile the dense MLP (the sparse part has dynamic shapes)")
     g.add_argument("--mixed-precision", action="store_true", help="bfloat16 MLP compute")
     g.add_argument("--intra-op-threads", type=int, default=0, help="0 = automatic")
     g.add_argument("--inter-op-threads", type=int, default=0)
@@ -245,7 +269,7 @@ def train_config_from_args(a):
     from .train.threads import ThreadConfig
     return TrainConfig(
         train_dir=a.train_dir, model_dir=a.model_dir, valid_dir=a.valid_dir, test_dir=a.test_dir,
-        embedding_size=a.embedding_size, deep_layers=tuple(a.deep_layers), dropout=a.dropout,
+        feature_size=a.feature_size, embedding_size=a.embedding_size, deep_layers=tuple(a.deep_layers), dropout=a.dropout,
         batch_norm=a.batch_norm, l2_reg=a.l2_reg, optimizer=a.optimizer,
         learning_rate=a.learning_rate, batch_size=a.batch_size, epochs=a.epochs, steps=a.steps,
         shuffle_buffer=a.shuffle_buffer, cache=a.cache, log_every=a.log_every,
@@ -280,12 +304,13 @@ def _quickstart_command(sub):
     p.add_argument("--work-dir", default="runs/quickstart")
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--feature-size", type=int, default=100_000)
+    p.add_argument("--epochs", type=float, default=3.0)
     p.set_defaults(func=cmd_quickstart)
 
 
 def cmd_quickstart(a):
     from .quickstart import quickstart
-    quickstart(a.work_dir, rows=a.rows, feature_size=a.feature_size)
+    quickstart(a.work_dir, rows=a.rows, feature_size=a.feature_size, epochs=a.epochs)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,8 +8,16 @@ No Keras: Keras 3 breaks under ParameterServerStrategy (DESIGN.md 4), and tables
 to become sharded variables. w and V live in one table `fm_table[feature_size, 1 + k]`
 (column 0 is w): the maths is the sample's, but a batch then pays for one lookup, one
 de-duplication and one sparse update instead of two, which is most of a step's cost on a
-large table. Rows are looked up with `tf.nn.embedding_lookup`, which also serves a list of
-shards, so gradients stay IndexedSlices of the rows a batch touched.
+large table. A batch's ids are de-duplicated once, in the forward pass: the distinct rows are
+looked up (with `tf.nn.embedding_lookup`, which also serves sharded tables) and spread to the
+batch locally, so the table's gradient arrives as IndexedSlices already summed per distinct
+row (`unique_gradients`) and the optimizer need not de-duplicate again. With Zipf-distributed
+ids a batch of 1024 x 39 ids touches only a few thousand rows.
+
+Nothing slices the [B, F, 1 + k] block by column (the gradients of such slices cost more than
+the FM itself): the first-order and FM terms slice the small per-example sums [B, 1 + k], and
+the MLP reads the whole block through a first kernel whose rows facing column 0 (w) are held at
+zero by a constant mask, so the deep part sees exactly the embeddings, as in DeepFM.
 """
 
 from __future__ import annotations
@@ -29,10 +37,13 @@ class DeepFMConfig:
     batch_norm: bool = False
     l2_reg: float = 1e-6          # on the looked-up rows and on the MLP kernels
     mixed_precision: bool = False # bfloat16 MLP compute, float32 master weights
+    xla: bool = False             # XLA-compile the MLP (the sparse part has dynamic shapes)
     seed: int = 0
 
 
 class DeepFM(tf.Module):
+    unique_gradients = True  # sparse gradients have distinct indices (see module docstring)
+
     def __init__(self, cfg: DeepFMConfig, table_creator=None, name: str = "deepfm"):
         super().__init__(name=name)
         self.cfg = cfg
@@ -44,14 +55,20 @@ class DeepFM(tf.Module):
                                                          init_v(shape[:1] + (shape[1] - 1,))], 1))
         self.bias = tf.Variable(0.0, name="bias")
         self.kernels, self.biases, self.bn = [], [], []
-        width = cfg.field_size * k
+        width = cfg.field_size * (1 + k)
+        self.input_mask = tf.constant(
+            ([0.0] + [1.0] * k) * cfg.field_size, shape=[width, 1], dtype=tf.float32)
         glorot = tf.initializers.GlorotUniform(seed=cfg.seed + 1)
         for i, units in enumerate(list(cfg.deep_layers) + [1]):
-            self.kernels.append(tf.Variable(glorot((width, units)), name=f"kernel_{i}"))
+            init = glorot((width, units))
+            if i == 0:
+                init = init * self.input_mask
+            self.kernels.append(tf.Variable(init, name=f"kernel_{i}"))
             self.biases.append(tf.Variable(tf.zeros([units]), name=f"bias_{i}"))
             if cfg.batch_norm and i < len(cfg.deep_layers):
                 self.bn.append(_BatchNorm(units, name=f"bn_{i}"))
             width = units
+        self._mlp = tf.function(self._mlp_eager, jit_compile=True) if cfg.xla else self._mlp_eager
 
     @property
     def embedding_tables(self):
@@ -65,17 +82,33 @@ class DeepFM(tf.Module):
         """Returns (logits [B], l2 penalty of what this batch used)."""
         cfg = self.cfg
         x = tf.expand_dims(values, -1)                                   # [B, F, 1]
-        rows = tf.nn.embedding_lookup(self.table, ids)                   # [B, F, 1 + k]
-        scaled = rows * x
-        first = tf.reduce_sum(scaled[:, :, 0], 1)
-        emb = scaled[:, :, 1:]                                           # [B, F, k]
-        summed = tf.reduce_sum(emb, 1)
-        fm = 0.5 * tf.reduce_sum(tf.square(summed) - tf.reduce_sum(tf.square(emb), 1), 1)
-        h = tf.reshape(emb, [-1, cfg.field_size * cfg.embedding_size])
+        distinct, where = tf.unique(tf.reshape(ids, [-1]))
+        table_rows = tf.nn.embedding_lookup(self.table, distinct)        # [U, 1 + k]
+        rows = tf.reshape(tf.gather(table_rows, where), [-1, cfg.field_size, 1 + cfg.embedding_size])
+        scaled = rows * x                                                # [B, F, 1 + k]
+        summed = tf.reduce_sum(scaled, 1)                                # [B, 1 + k]
+        first = summed[:, 0]
+        fm = 0.5 * tf.reduce_sum((tf.square(summed) - tf.reduce_sum(tf.square(scaled), 1))[:, 1:], 1)
+        deep = self._mlp(tf.reshape(scaled, [-1, cfg.field_size * (1 + cfg.embedding_size)]), training)
+        logits = self.bias + first + fm + deep
+        l2 = 0.0
+        if cfg.l2_reg:
+            batch = tf.cast(tf.shape(ids)[0], tf.float32)
+            # On the distinct rows the batch used (not on the whole table, which would make
+            # every step O(table)), and on the MLP kernels.
+            l2 = cfg.l2_reg * (tf.reduce_sum(tf.square(table_rows)) / batch
+                               + tf.add_n([tf.reduce_sum(tf.square(k)) for k in self.kernels]))
+        return logits, l2
+
+
+    def _mlp_eager(self, h, training: bool):
+        cfg = self.cfg
         dtype = tf.bfloat16 if cfg.mixed_precision else tf.float32
         h = tf.cast(h, dtype)
         n_hidden = len(cfg.deep_layers)
         for i, (kern, b) in enumerate(zip(self.kernels, self.biases)):
+            if i == 0:
+                kern = kern * self.input_mask  # the deep part never reads w
             h = tf.matmul(h, tf.cast(kern, dtype)) + tf.cast(b, dtype)
             if i < n_hidden:
                 if self.bn:
@@ -83,14 +116,7 @@ class DeepFM(tf.Module):
                 h = tf.nn.relu(h)
                 if training and cfg.dropout > 0:
                     h = tf.nn.dropout(h, rate=cfg.dropout)
-        deep = tf.cast(h[:, 0], tf.float32)
-        logits = self.bias + first + fm + deep
-        l2 = 0.0
-        if cfg.l2_reg:
-            batch = tf.cast(tf.shape(ids)[0], tf.float32)
-            l2 = cfg.l2_reg * (tf.reduce_sum(tf.square(rows)) / batch
-                               + tf.add_n([tf.reduce_sum(tf.square(k)) for k in self.kernels]))
-        return logits, l2
+        return tf.cast(h[:, 0], tf.float32)
 
 
 class _BatchNorm(tf.Module):

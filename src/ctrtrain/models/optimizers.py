@@ -42,13 +42,14 @@ class Optimizer(tf.Module):
     def slot(self, var, name):
         return self.slots[self._index[id(var)]][name]
 
-    def apply_gradients(self, grads_and_vars):
+    def apply_gradients(self, grads_and_vars, unique_indices: bool = False):
+        """`unique_indices`: sparse gradients are already summed per distinct row."""
         self.iterations.assign_add(1)
         for g, v in grads_and_vars:
             if g is None:
                 continue
             if isinstance(g, tf.IndexedSlices):
-                values, rows = _dedupe(g)
+                values, rows = (g.values, g.indices) if unique_indices else _dedupe(g)
                 self._sparse(v, values, rows)
             else:
                 self._dense(v, g)

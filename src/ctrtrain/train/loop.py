@@ -28,6 +28,7 @@ class TrainConfig:
     model_dir: str
     valid_dir: str | None = None
     test_dir: str | None = None
+    feature_size: int | None = None   # table rows; default the data's (may be larger: room to grow)
     embedding_size: int = 16
     deep_layers: tuple[int, ...] = (256, 128, 64)
     dropout: float = 0.0
@@ -46,7 +47,7 @@ class TrainConfig:
     checkpoint_secs: float = 0        # also save when this many seconds passed; 0 = off
     keep_checkpoints: int = 3
     early_stopping: int = 0           # evaluations without AUC improvement before stopping
-    xla: bool = False
+    xla: bool = False                 # XLA-compile the dense part of the model
     mixed_precision: bool = False
     threads: ThreadConfig = dataclasses.field(default_factory=ThreadConfig)
     seed: int = 0
@@ -102,24 +103,27 @@ def train(cfg: TrainConfig) -> dict:
     from .export import export_saved_model
 
     m = read_manifest(cfg.train_dir)
-    for other in (cfg.valid_dir, cfg.test_dir):
-        if other:
-            o = read_manifest(other)
-            if o.field_size != m.field_size or o.feature_size > m.feature_size:
-                raise DataError(f"field_size/feature_size ({o.field_size}/{o.feature_size}) do "
-                                f"not match the training data's ({m.field_size}/{m.feature_size})",
-                                path=str(other))
     steps_per_epoch = m.records // cfg.batch_size
     if steps_per_epoch == 0:
         raise ConfigError(f"batch_size {cfg.batch_size} is larger than the training set "
                           f"({m.records} records)")
     total_steps = cfg.steps or max(1, int(math.ceil(cfg.epochs * steps_per_epoch)))
-    md = _prepare_model_dir(cfg, m.feature_size, m.field_size)
+    feature_size = cfg.feature_size or m.feature_size
+    if feature_size < m.feature_size:
+        raise ConfigError(f"feature_size {feature_size} is smaller than the data's {m.feature_size}")
+    for other in (cfg.valid_dir, cfg.test_dir):
+        if other:
+            o = read_manifest(other)
+            if o.field_size != m.field_size or o.feature_size > feature_size:
+                raise DataError(f"field_size/feature_size ({o.field_size}/{o.feature_size}) do "
+                                f"not match the model's ({m.field_size}/{feature_size})",
+                                path=str(other))
+    md = _prepare_model_dir(cfg, feature_size, m.field_size)
     tf.random.set_seed(cfg.seed)
 
-    model = DeepFM(DeepFMConfig(m.feature_size, m.field_size, cfg.embedding_size,
+    model = DeepFM(DeepFMConfig(feature_size, m.field_size, cfg.embedding_size,
                                 tuple(cfg.deep_layers), cfg.dropout, cfg.batch_norm, cfg.l2_reg,
-                                cfg.mixed_precision, cfg.seed))
+                                cfg.mixed_precision, cfg.xla, cfg.seed))
     opt = make_optimizer(cfg.optimizer, cfg.learning_rate)
     variables = model.embedding_tables + model.dense_variables()
     opt.build(variables, tables=model.embedding_tables)
@@ -139,7 +143,7 @@ def train(cfg: TrainConfig) -> dict:
     ds, _ = dataset_from_dir(cfg.train_dir, pcfg, skip_batches=start_step)
     ds = ds.with_options(data_options(cfg.threads))
 
-    @tf.function(jit_compile=cfg.xla or None)
+    @tf.function
     def train_step(batch):
         with tf.GradientTape() as tape:
             logits, l2 = model(batch["ids"], batch["values"], training=True)
@@ -147,7 +151,7 @@ def train(cfg: TrainConfig) -> dict:
                 labels=batch["label"], logits=logits))
             total = loss + l2
         grads = tape.gradient(total, variables)
-        opt.apply_gradients(zip(grads, variables))
+        opt.apply_gradients(zip(grads, variables), unique_indices=model.unique_gradients)
         return loss
 
     predict = make_predict_fn(model)
@@ -163,6 +167,7 @@ def train(cfg: TrainConfig) -> dict:
 
     best_auc, bad_evals, stopped_early = -1.0, 0, False
     wait_s = compute_s = 0.0
+    windows = []
     window = {"wait": 0.0, "compute": 0.0, "steps": 0, "t": time.perf_counter(), "loss": 0.0}
     last_ckpt_time = time.monotonic()
     it = iter(ds)
@@ -189,9 +194,12 @@ def train(cfg: TrainConfig) -> dict:
                 now = time.perf_counter()
                 w = window
                 busy = w["wait"] + w["compute"]
-                log.event("train", step=step, loss=w["loss"] / w["steps"],
-                          examples_per_s=w["steps"] * cfg.batch_size / (now - w["t"]),
-                          input_bound=w["wait"] / busy if busy else 0.0)
+                stats = {"loss": w["loss"] / w["steps"], "steps": w["steps"], "seconds": now - w["t"],
+                         "examples_per_s": w["steps"] * cfg.batch_size / (now - w["t"]),
+                         "input_wait_s": w["wait"], "compute_s": w["compute"],
+                         "input_bound": w["wait"] / busy if busy else 0.0}
+                windows.append({"step": step, **stats})
+                log.event("train", step=step, **stats)
                 pb.set_postfix(loss=f"{w['loss'] / w['steps']:.4f}")
                 wait_s += w["wait"]
                 compute_s += w["compute"]
@@ -219,13 +227,14 @@ def train(cfg: TrainConfig) -> dict:
     result = {"step": step, "total_steps": total_steps, "resumed_from": start_step,
               "stopped_early": stopped_early,
               "input_wait_s": wait_s, "compute_s": compute_s,
-              "input_bound": wait_s / (wait_s + compute_s) if wait_s + compute_s else 0.0}
+              "input_bound": wait_s / (wait_s + compute_s) if wait_s + compute_s else 0.0,
+              "windows": windows}
     result["valid"] = run_eval(cfg.valid_dir, "valid", step)
     result["test"] = run_eval(cfg.test_dir, "test", step)
     if cfg.export:
         vocab = str(Path(cfg.train_dir) / m.vocabulary) if m.vocabulary else None
         result["export"] = export_saved_model(
-            model, md / "export", step, {"field_size": m.field_size, "feature_size": m.feature_size,
+            model, md / "export", step, {"field_size": m.field_size, "feature_size": feature_size,
                                          "step": step, "test": result["test"]}, vocab)
         log.event("export", step=step, path=result["export"])
     (md / RESULT).write_text(json.dumps(result, indent=2) + "\n")

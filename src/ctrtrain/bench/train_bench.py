@@ -1,0 +1,160 @@
+"""`ctrtrain bench train`: DeepFM training throughput on the reference configuration, against
+the machine's dense limit for the same shapes.
+
+Every measured run is a fresh process (thread pools are fixed when TensorFlow starts, and
+peak RSS is per process). A run trains warm-up steps, then measured steps; the figure is the
+median over repeats of examples/s across the measured steps, with the share of step time
+spent waiting for input (input-bound %) reported separately from compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .machine import describe_machine
+
+REFERENCE = {"rows": 1_000_000, "feature_size": 1_000_000, "embedding_size": 16,
+             "deep_layers": [256, 128, 64], "batch_size": 1024, "optimizer": "adam"}
+
+
+def prepare_reference_data(work: Path, rows: int, feature_size: int) -> Path:
+    """Synthesized Criteo-like data converted to TFRecord once, then reused."""
+    from ..data.convert import libsvm_to_tfrecord
+    from ..data.manifest import MANIFEST_NAME, read_manifest
+    from ..data.synth import SynthConfig, synthesize
+    out = work / f"ref-{rows}-{feature_size}"
+    tf_dir = out / "tfrecord-train"
+    if (tf_dir / MANIFEST_NAME).exists():
+        return tf_dir
+    synthesize(out / "raw", SynthConfig(rows=rows, feature_size=feature_size,
+                                        valid_fraction=0.0, test_fraction=0.0), overwrite=True)
+    m = read_manifest(out / "raw" / "train")
+    libsvm_to_tfrecord(m.paths(out / "raw" / "train"), tf_dir, field_size=m.field_size,
+                       feature_size=m.feature_size, shards=8, overwrite=True)
+    return tf_dir
+
+
+def _run_worker(kind: str, params: dict) -> dict:
+    """One measured run in a fresh Python process; returns its JSON result."""
+    cmd = [sys.executable, "-m", "ctrtrain.bench.train_bench", kind, json.dumps(params)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CTRTRAIN_NO_PROGRESS="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(f"benchmark worker failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _train_worker(p: dict) -> dict:
+    from ..train.loop import TrainConfig, train
+    from ..train.threads import ThreadConfig
+    with tempfile.TemporaryDirectory() as md:
+        cfg = TrainConfig(
+            train_dir=p["data"], model_dir=md, embedding_size=p["embedding_size"],
+            deep_layers=tuple(p["deep_layers"]), batch_size=p["batch_size"],
+            optimizer=p["optimizer"], steps=p["warmup"] + p["steps"], log_every=p["window"],
+            feature_size=p.get("model_feature_size"),
+            checkpoint_every=0, export=False, progress=False, cache=p.get("cache", False),
+            xla=p.get("xla", False), mixed_precision=p.get("mixed_precision", False),
+            threads=ThreadConfig(**p.get("threads", {})))
+        r = train(cfg)
+    measured = [w for w in r["windows"] if w["step"] > p["warmup"]]
+    steps = sum(w["steps"] for w in measured)
+    secs = sum(w["seconds"] for w in measured)
+    wait = sum(w["input_wait_s"] for w in measured)
+    comp = sum(w["compute_s"] for w in measured)
+    return {"examples_per_s": steps * p["batch_size"] / secs, "step_ms": 1000 * secs / steps,
+            "input_bound": wait / (wait + comp), "input_ms": 1000 * wait / steps,
+            "compute_ms": 1000 * comp / steps,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _dense_worker(p: dict) -> dict:
+    """The MLP alone (same shapes, same optimizer, no embeddings, no input pipeline). The
+    backward includes the gradient with respect to the MLP's input: in DeepFM that input is
+    the trainable embeddings, so that matmul is part of the MLP's cost."""
+    from ..train.threads import ThreadConfig, apply_threads
+    apply_threads(ThreadConfig(**p.get("threads", {})))
+    import tensorflow as tf
+    from ..models.optimizers import make_optimizer
+    width = p["field_size"] * p["embedding_size"]
+    dims = [width] + list(p["deep_layers"]) + [1]
+    glorot = tf.initializers.GlorotUniform(seed=0)
+    kernels = [tf.Variable(glorot((a, b))) for a, b in zip(dims[:-1], dims[1:])]
+    biases = [tf.Variable(tf.zeros([b])) for b in dims[1:]]
+    variables = kernels + biases
+    opt = make_optimizer(p["optimizer"], 1e-3)
+    opt.build(variables)
+    dtype = tf.bfloat16 if p.get("mixed_precision") else tf.float32
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            h = tf.cast(x, dtype)
+            for i, (k, b) in enumerate(zip(kernels, biases)):
+                h = tf.matmul(h, tf.cast(k, dtype)) + tf.cast(b, dtype)
+                if i < len(kernels) - 1:
+                    h = tf.nn.relu(h)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=y, logits=tf.cast(h[:, 0], tf.float32)))
+        grads = tape.gradient(loss, variables + [x])
+        opt.apply_gradients(zip(grads[:-1], variables))
+        return loss + 0.0 * tf.reduce_sum(grads[-1][:1])
+
+    x = tf.random.normal([p["batch_size"], width])
+    y = tf.cast(tf.random.uniform([p["batch_size"]]) > 0.75, tf.float32)
+    for _ in range(p["warmup"]):
+        step(x, y).numpy()
+    t = time.perf_counter()
+    for _ in range(p["steps"]):
+        loss = step(x, y)
+    loss.numpy()
+    secs = time.perf_counter() - t
+    return {"examples_per_s": p["steps"] * p["batch_size"] / secs,
+            "step_ms": 1000 * secs / p["steps"]}
+
+
+def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
+                    feature_size=REFERENCE["feature_size"], steps=300, warmup=50, repeats=3,
+                    variants: dict[str, dict] | None = None, json_path=None) -> dict:
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    data = prepare_reference_data(work, rows, feature_size)
+    base = {k: v for k, v in REFERENCE.items() if k not in ("rows", "feature_size")}
+    base.update(data=str(data), steps=steps, warmup=warmup, window=50, field_size=39)
+    variants = variants or {"reference": {}}
+    out = {"machine": describe_machine(), "config": {**REFERENCE, "rows": rows,
+           "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats},
+           "variants": {}}
+    for name, over in variants.items():
+        runs = [_run_worker("train", {**base, **over}) for _ in range(repeats)]
+        dense = [_run_worker("dense", {**base, **over, "steps": 200, "warmup": 20})
+                 for _ in range(repeats)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        dense_med = statistics.median(d["examples_per_s"] for d in dense)
+        med.update(dense_limit_examples_per_s=dense_med,
+                   ratio_to_dense_limit=med["examples_per_s"] / dense_med,
+                   runs=[r["examples_per_s"] for r in runs], settings=over)
+        out["variants"][name] = med
+        print(f"{name:24s} {med['examples_per_s']:>9,.0f} ex/s  step {med['step_ms']:6.2f} ms "
+              f"(input wait {med['input_ms']:5.2f} ms, compute {med['compute_ms']:6.2f} ms, "
+              f"input-bound {med['input_bound']:.1%})  dense limit {dense_med:>9,.0f} ex/s  "
+              f"ratio {med['ratio_to_dense_limit']:.2f}  peak RSS {med['peak_rss_mb']:,.0f} MB",
+              flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    kind, params = sys.argv[1], json.loads(sys.argv[2])
+    result = (_train_worker if kind == "train" else _dense_worker)(params)
+    print(json.dumps(result))

@@ -1,0 +1,182 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from trainutil import make_synth
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synth")
+    info = make_synth(root, rows=300_000, feature_size=5_000)
+    return root, info
+
+
+def train_args(root, model_dir, *extra):
+    return ["train", "--train", root / "tf" / "train", "--valid", root / "tf" / "valid",
+            "--test", root / "tf" / "test", "--model-dir", model_dir, "--quiet", *extra]
+
+
+def test_reaches_the_bayes_optimal_auc_on_synthesized_data(synth, tmp_path):
+    root, info = synth
+    from ctrtrain.train.loop import TrainConfig, train
+    r = train(TrainConfig(train_dir=str(root / "tf" / "train"), valid_dir=str(root / "tf" / "valid"),
+                          test_dir=str(root / "tf" / "test"), model_dir=str(tmp_path / "m"),
+                          epochs=1, batch_size=512, progress=False))
+    bayes = info["splits"]["test"]["bayes_auc"]
+    assert r["test"]["examples"] == 30_000
+    # 240k training rows over 5k features: within 0.01 of the best any model can do.
+    assert bayes - 0.01 < r["test"]["auc"] <= bayes + 0.005, (r["test"], bayes)
+    assert r["test"]["logloss"] < info["splits"]["test"]["bayes_logloss"] + 0.01
+    assert r["step"] == 240_000 // 512
+    events = [json.loads(l) for l in open(tmp_path / "m" / "metrics.jsonl")]
+    assert {"start", "train", "eval", "export"} <= {e["event"] for e in events}
+    assert all(0 <= e["input_bound"] <= 1 for e in events if e["event"] == "train")
+    assert list((tmp_path / "m" / "logs").iterdir()), "TensorBoard event files"
+
+
+def _wait_for(pred, timeout):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(synth, tmp_path):
+    root, _ = synth
+    md = tmp_path / "m"
+    args = train_args(root, md, "--steps", "400", "--checkpoint-every", "50", "--batch-size", "256",
+                      "--log-every", "50", "--no-export")
+    cmd = [sys.executable, "-m", "ctrtrain.cli", *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = md / "metrics.jsonl"
+
+    def checkpointed():
+        if not metrics.exists():
+            return False
+        return any(json.loads(l).get("event") == "checkpoint" and json.loads(l)["step"] >= 100
+                   for l in metrics.read_text().splitlines())
+    try:
+        assert _wait_for(checkpointed, 300), "no checkpoint before the kill"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    saved = [json.loads(l)["step"] for l in metrics.read_text().splitlines()
+             if json.loads(l).get("event") == "checkpoint"]
+    run_cli(*args)  # the same command again
+    result = json.loads((md / "result.json").read_text())
+    assert result["resumed_from"] == max(saved) and result["step"] == 400
+    starts = [json.loads(l) for l in metrics.read_text().splitlines() if '"start"' in l]
+    assert starts[-1]["resumed"] is True and starts[-1]["step"] == max(saved)
+    # Same data position: an uninterrupted run ends at (nearly) the same model.
+    run_cli(*train_args(root, tmp_path / "ref", "--steps", "400", "--checkpoint-every", "50",
+                        "--batch-size", "256", "--no-export"))
+    ref = json.loads((tmp_path / "ref" / "result.json").read_text())
+    assert abs(ref["test"]["auc"] - result["test"]["auc"]) < 0.003
+
+
+def test_resume_skips_to_the_same_batches(synth):
+    from ctrtrain.input.pipeline import PipelineConfig, dataset_from_dir
+    root, _ = synth
+    cfg = PipelineConfig(batch_size=100, shuffle_buffer=1000, seed=7)
+    full, _ = dataset_from_dir(root / "tf" / "train", cfg)
+    skipped, _ = dataset_from_dir(root / "tf" / "train", cfg, skip_batches=2405)  # past an epoch
+    want = [b["ids"].numpy() for _, b in zip(range(2408), full)][2405:]
+    got = [b["ids"].numpy() for _, b in zip(range(3), skipped)]
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_export_signature_and_batch_predict_in_order(synth, tmp_path):
+    root, _ = synth
+    md = tmp_path / "m"
+    run_cli(*train_args(root, md, "--steps", "60"))
+    export = sorted((md / "export").iterdir())[-1]
+    show = subprocess.run([os.path.join(os.path.dirname(sys.executable), "saved_model_cli"), "show",
+                           "--dir", str(export), "--tag_set", "serve", "--signature_def",
+                           "serving_default"], capture_output=True, text=True)
+    assert show.returncode == 0, show.stderr
+    assert "inputs['ids']" in show.stdout and "(-1, 39)" in show.stdout
+    assert "outputs['prob']" in show.stdout and "DT_INT64" in show.stdout
+    run_cli("predict", "--model", md / "export", "--input", root / "tf" / "test", "--out", tmp_path / "p.csv")
+    run_cli("predict", "--model", md / "export", "--input", *sorted((root / "raw" / "test").glob("*.libsvm")),
+            "--out", tmp_path / "p.jsonl")
+    csv = [l.split(",") for l in (tmp_path / "p.csv").read_text().splitlines()]
+    jl = [json.loads(l) for l in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert csv[0] == ["row", "prob", "label"] and len(csv) - 1 == 30_000 == len(jl)
+    # Row order: prediction i is the model's output for input row i.
+    import tensorflow as tf
+    from ctrtrain.data.libsvm import Rows, parse_libsvm
+    rows = Rows.concat([parse_libsvm(p.read_bytes(), 39)[0]
+                        for p in sorted((root / "raw" / "test").glob("*.libsvm"))], 39)
+    serve = tf.saved_model.load(str(export)).signatures["serving_default"]
+    direct = serve(ids=tf.constant(rows.ids[:500]), values=tf.constant(rows.values[:500]))["prob"].numpy()
+    np.testing.assert_allclose([float(r[1]) for r in csv[1:501]], direct, atol=2e-6)
+    np.testing.assert_allclose([j["prob"] for j in jl[:500]], direct, atol=2e-6)
+    assert [int(r[2]) for r in csv[1:501]] == rows.labels[:500].astype(int).tolist()
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "ftrl", "sgd", "momentum"])
+def test_every_optimizer_learns(synth, tmp_path, optimizer):
+    root, _ = synth
+    lr = {"adagrad": "0.05", "ftrl": "0.05", "sgd": "0.05", "momentum": "0.02"}[optimizer]
+    run_cli(*train_args(root, tmp_path / "m", "--steps", "150", "--optimizer", optimizer,
+                        "--learning-rate", lr, "--no-export"))
+    r = json.loads((tmp_path / "m" / "result.json").read_text())
+    assert r["test"]["auc"] > 0.70, r["test"]
+
+
+def test_options_dropout_batchnorm_mixed_precision_cache_libsvm(synth, tmp_path):
+    root, info = synth
+    run_cli("train", "--train", root / "raw" / "train", "--test", root / "raw" / "test",
+            "--model-dir", tmp_path / "m", "--quiet", "--steps", "150", "--dropout", "0.2",
+            "--batch-norm", "--mixed-precision", "--cache", "--no-export")
+    r = json.loads((tmp_path / "m" / "result.json").read_text())
+    assert r["test"]["auc"] > 0.70 and np.isfinite(r["test"]["logloss"])
+
+
+def test_bad_settings_are_named(synth, tmp_path):
+    root, _ = synth
+    r = run_cli(*train_args(root, tmp_path / "m", "--batch-size", "10000000"), check=False)
+    assert r.returncode == 2 and "larger than the training set" in r.stderr
+    r = run_cli(*train_args(root, tmp_path / "m2", "--dropout", "1.5"), check=False)
+    assert r.returncode == 2 and "drop rate" in r.stderr
+    run_cli(*train_args(root, tmp_path / "m3", "--steps", "5", "--no-export"))
+    r = run_cli(*train_args(root, tmp_path / "m3", "--steps", "5", "--embedding-size", "8"), check=False)
+    assert r.returncode == 2 and "embedding_size" in r.stderr
+
+
+def test_criteo_sample_raw_to_prediction(shared, tmp_path):
+    """Real rows: raw Criteo TSV -> split -> featurize -> convert -> train -> predict raw rows."""
+    src = shared / "criteo_head1000" / "train.txt"
+    run_cli("data", "split", src, "--out", tmp_path / "split", "--by", "order",
+            "--fractions", "0.8,0.0,0.2")
+    run_cli("data", "featurize", tmp_path / "split" / "train.txt", "--out", tmp_path / "f-train",
+            "--min-count", "2")
+    run_cli("data", "featurize", tmp_path / "split" / "test.txt", "--out", tmp_path / "f-test",
+            "--vocab", tmp_path / "f-train" / "vocab.json")
+    run_cli("data", "convert", tmp_path / "f-train", "--out", tmp_path / "tf-train", "--shards", 2)
+    run_cli("data", "convert", tmp_path / "f-test", "--out", tmp_path / "tf-test", "--shards", 1)
+    run_cli("train", "--train", tmp_path / "tf-train", "--test", tmp_path / "tf-test", "--model-dir",
+            tmp_path / "m", "--batch-size", "64", "--epochs", "5", "--quiet")
+    r = json.loads((tmp_path / "m" / "result.json").read_text())
+    assert r["test"]["examples"] == 200
+    raw_test = tmp_path / "split" / "test.txt"
+    run_cli("predict", "--model", tmp_path / "m" / "export", "--input", raw_test, "--out", tmp_path / "p.csv")
+    lines = (tmp_path / "p.csv").read_text().splitlines()
+    assert len(lines) == 201
+    # The same rows through the featurized TFRecords give the same probabilities.
+    run_cli("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "tf-test",
+            "--out", tmp_path / "p2.csv")
+    assert lines == (tmp_path / "p2.csv").read_text().splitlines()
