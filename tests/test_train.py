@@ -180,3 +180,19 @@ def test_criteo_sample_raw_to_prediction(shared, tmp_path):
     run_cli("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "tf-test",
             "--out", tmp_path / "p2.csv")
     assert lines == (tmp_path / "p2.csv").read_text().splitlines()
+
+
+def test_early_stopping_and_checkpoint_retention(synth, tmp_path):
+    root, _ = synth
+    md = tmp_path / "m"
+    # With a zero learning rate the validation AUC never improves: the second evaluation
+    # without improvement stops the run.
+    run_cli(*train_args(root, md, "--steps", "400", "--learning-rate", "0", "--eval-every", "40",
+                        "--early-stopping", "2", "--checkpoint-every", "30", "--keep-checkpoints",
+                        "2", "--no-export"))
+    result = json.loads((md / "result.json").read_text())
+    assert result["stopped_early"] is True and result["step"] == 120
+    events = [json.loads(l) for l in (md / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "eval" and e["split"] == "valid"][:3] == [40, 80, 120]
+    kept = sorted(p.name for p in (md / "checkpoints").glob("ckpt-*.index"))
+    assert kept == ["ckpt-120.index", "ckpt-90.index"]

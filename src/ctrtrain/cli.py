@@ -191,6 +191,14 @@ def _bench_commands(sub):
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_train)
+    p = bsub.add_parser("profile", help="op-by-op CPU time of the reference training step")
+    p.add_argument("--data", default=None, help="a TFRecord data directory (default: the reference data)")
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--feature-size", type=int, default=1_000_000)
+    p.add_argument("--mixed-precision", action="store_true")
+    p.add_argument("--work-dir", default="runs/bench-train")
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=cmd_bench_profile)
 
 
 def cmd_bench_train(a):
@@ -202,6 +210,17 @@ def cmd_bench_train(a):
             variants = yaml.safe_load(f)
     run_train_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size, steps=a.steps,
                     warmup=a.warmup, repeats=a.repeats, variants=variants, json_path=a.json)
+
+
+def cmd_bench_profile(a):
+    from .bench.profile import print_profile, profile_step
+    from .bench.train_bench import prepare_reference_data
+    from pathlib import Path
+    data = a.data or str(prepare_reference_data(Path(a.work_dir), a.rows, a.feature_size))
+    p = profile_step(data, mixed_precision=a.mixed_precision)
+    print_profile(p)
+    if a.json:
+        Path(a.json).write_text(json.dumps(p, indent=2) + "\n")
 
 
 def cmd_bench_data(a):

@@ -170,6 +170,7 @@ def train(cfg: TrainConfig) -> dict:
     windows = []
     window = {"wait": 0.0, "compute": 0.0, "steps": 0, "t": time.perf_counter(), "loss": 0.0}
     last_ckpt_time = time.monotonic()
+    saved_step = start_step if manager.latest_checkpoint else -1
     it = iter(ds)
     step = start_step
     with bar(total=total_steps, desc="train", unit="step",
@@ -207,7 +208,7 @@ def train(cfg: TrainConfig) -> dict:
             if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or \
                     (cfg.checkpoint_secs and time.monotonic() - last_ckpt_time >= cfg.checkpoint_secs):
                 manager.save(checkpoint_number=step)
-                last_ckpt_time = time.monotonic()
+                last_ckpt_time, saved_step = time.monotonic(), step
                 log.event("checkpoint", step=step)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
                 r = run_eval(cfg.valid_dir, "valid", step)
@@ -222,7 +223,7 @@ def train(cfg: TrainConfig) -> dict:
                             break
     wait_s += window["wait"]
     compute_s += window["compute"]
-    if step > start_step or not manager.latest_checkpoint:
+    if saved_step != step:
         manager.save(checkpoint_number=step)
     result = {"step": step, "total_steps": total_steps, "resumed_from": start_step,
               "stopped_early": stopped_early,

@@ -2,9 +2,9 @@
 
 The common advice "intra = inter = vCPUs" over-subscribes: TensorFlow's intra-op pool, its
 inter-op pool and tf.data's pool then all want every core. Measured on 2 cores (docs/
-benchmarks.md): intra-op = cores keeps the matmuls fed; a few inter-op threads (4 on 2 cores)
-let the sparse and dense branches of a step overlap (1 was 4% slower than 2, 2 was 5% slower
-than 4); tf.data gets its own small pool so parsing does not queue behind the step's ops.
+benchmarks.md): intra-op = cores keeps the matmuls fed; two inter-op threads let the sparse
+and dense branches of a step overlap (one was 20% slower; four were no faster); tf.data gets
+its own small pool so parsing does not queue behind the step's ops.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class ThreadConfig:
     def resolved(self, cores: int | None = None) -> "ThreadConfig":
         cores = cores or _usable_cores()
         return ThreadConfig(intra_op=self.intra_op or cores,
-                            inter_op=self.inter_op or max(2, min(4, 2 * cores)),
+                            inter_op=self.inter_op or max(2, min(4, cores // 2)),
                             data=self.data or max(1, cores // 2),
                             omp=self.omp or cores)
 

@@ -1,0 +1,75 @@
+"""`ctrtrain bench profile`: where a DeepFM training step's time goes, op by op.
+
+Runs the reference step under TensorFlow's profiler and sums the CPU time of every op over
+the profiled steps (ops of a step run on several threads at once, so the column adds up to
+more than the wall time per step)."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import tempfile
+import time
+
+
+def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precision: bool = False,
+                 top: int = 25) -> dict:
+    from ..train.threads import ThreadConfig, apply_threads
+    apply_threads(ThreadConfig())
+    import tensorflow as tf
+    try:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    except ImportError as e:  # an internal module; present in TF 2.21
+        raise RuntimeError(f"this TensorFlow build has no profiler protos ({e})") from e
+    from ..input.pipeline import PipelineConfig, dataset_from_dir
+    from ..models.deepfm import DeepFM, DeepFMConfig
+    from ..models.optimizers import make_optimizer
+
+    ds, m = dataset_from_dir(data_dir, PipelineConfig())
+    batches = [b for _, b in zip(range(warmup + steps), ds)]
+    model = DeepFM(DeepFMConfig(m.feature_size, m.field_size, mixed_precision=mixed_precision))
+    opt = make_optimizer("adam", 1e-3)
+    variables = model.embedding_tables + model.dense_variables()
+    opt.build(variables, tables=model.embedding_tables)
+
+    @tf.function
+    def step(b):
+        with tf.GradientTape() as tape:
+            logits, l2 = model(b["ids"], b["values"], training=True)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=b["label"], logits=logits)) + l2
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables),
+                            unique_indices=model.unique_gradients)
+        return loss
+
+    for b in batches[:warmup]:
+        step(b).numpy()
+    logdir = tempfile.mkdtemp(prefix="ctrtrain-profile-")
+    tf.profiler.experimental.start(logdir)
+    t = time.perf_counter()
+    for b in batches[warmup:]:
+        step(b).numpy()
+    wall = (time.perf_counter() - t) / steps
+    tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    path = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))[-1]
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    per_op = collections.Counter()
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            for ev in line.events:
+                name = names.get(ev.metadata_id, "?")
+                if ":" in name and not name.startswith(("EagerLocalExecute", "KernelAndDevice")):
+                    per_op[name] += ev.duration_ps / 1e9  # ms
+    ops = [{"op": k, "ms_per_step": v / steps} for k, v in per_op.most_common(top)]
+    return {"wall_ms_per_step": wall * 1000, "op_ms_total": sum(per_op.values()) / steps,
+            "ops": ops}
+
+
+def print_profile(p: dict) -> None:
+    print(f"wall time per step {p['wall_ms_per_step']:.2f} ms; CPU time in ops "
+          f"{p['op_ms_total']:.2f} ms (2 cores run ops side by side)")
+    for o in p["ops"]:
+        print(f"  {o['ms_per_step']:6.2f} ms  {o['op']}")
