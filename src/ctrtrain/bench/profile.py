@@ -61,7 +61,7 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
         for line in plane.lines:
             for ev in line.events:
                 name = names.get(ev.metadata_id, "?")
-                if ":" in name and not name.startswith(("EagerLocalExecute", "KernelAndDevice")):
+                if ":" in name and "::" not in name and not name.startswith(("EagerLocalExecute", "KernelAndDevice")):
                     per_op[name] += ev.duration_ps / 1e9  # ms
     ops = [{"op": k, "ms_per_step": v / steps} for k, v in per_op.most_common(top)]
     return {"wall_ms_per_step": wall * 1000, "op_ms_total": sum(per_op.values()) / steps,

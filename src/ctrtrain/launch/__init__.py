@@ -1,0 +1,1 @@
+"""Jobs: the YAML job spec, the local multi-host launcher and its process supervisor."""
