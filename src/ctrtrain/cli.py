@@ -317,6 +317,82 @@ def cmd_predict(a):
     print(f"wrote {n:,} predictions to {a.out}")
 
 
+def _launch_commands(sub):
+    p = sub.add_parser("launch", help="run a (multi-host) job spec on this machine, SageMaker-style",
+                       description="Each simulated host gets an /opt/ml-like tree and its processes the "
+                                   "environment a SageMaker TensorFlow container gives.")
+    p.add_argument("spec", help="job spec YAML")
+    p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
+    p.add_argument("--time-limit", type=float, default=None, help="override the spec's time_limit (s)")
+    p.add_argument("--quiet", action="store_true", help="no per-process console lines (logs still written)")
+    p.set_defaults(func=cmd_launch)
+
+
+def cmd_launch(a):
+    from .launch.launcher import launch
+    from .launch.spec import load_spec
+    over = {}
+    if a.output_dir:
+        over["output_dir"] = os.path.abspath(a.output_dir)
+    if a.time_limit:
+        over["time_limit"] = a.time_limit
+    spec = load_spec(a.spec, over)
+    s = launch(spec, console=not a.quiet)
+    print(f"job {s['job']} finished in {s['seconds']:.1f} s; model: {s.get('model')}")
+
+
+def _run_command(sub):
+    p = sub.add_parser("run", help="inside a real cluster's container: find this host's role(s) "
+                                   "and run them (SageMaker env, TF_CONFIG or flags)")
+    p.add_argument("--mode", default=None, help="single|parameter_server|allreduce|mirrored|horovod "
+                   "(default: hyperparameter 'ctrtrain_mode', else single)")
+    p.add_argument("--processes-per-host", type=int, default=1)
+    p.add_argument("--parameter-servers-per-host", type=int, default=1)
+    p.add_argument("--data-service-group", default=None)
+    p.add_argument("--hosts", default=None, help="bare machines: comma-separated host names")
+    p.add_argument("--host-index", type=int, default=None)
+    p.add_argument("--script", default=None, help="entry point script (default: the deepfm recipe)")
+    p.add_argument("--module", default=None, help="entry point module")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved roles and exit")
+    p.add_argument("entry_args", nargs="*", help="arguments for the entry point")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(a):
+    from .cluster.run import resolve
+    from .cluster.process_env import entry_command, process_env, server_command
+    from .cluster.sagemaker import read_resource_config
+    hps = {}
+    cfg_dir = os.environ.get("SM_INPUT_CONFIG_DIR", "/opt/ml/input/config")
+    if os.path.exists(os.path.join(cfg_dir, "hyperparameters.json")):
+        with open(os.path.join(cfg_dir, "hyperparameters.json")) as f:
+            hps = json.load(f)
+    mode = a.mode or hps.pop("ctrtrain_mode", "single")
+    r = resolve(os.environ, mode=mode, processes_per_host=a.processes_per_host,
+                parameter_servers_per_host=a.parameter_servers_per_host,
+                data_service_group=a.data_service_group,
+                hosts=a.hosts.split(",") if a.hosts else None, host_index=a.host_index)
+    if a.dry_run:
+        print(json.dumps({"source": r.source, "host": r.host, "processes": [
+            {"role": p.role, "index": p.index, "rank": p.rank, "address": p.address,
+             "tf_config": p.tf_config} for p in r.processes]}, indent=2))
+        return
+    from pathlib import Path
+    from .launch.supervisor import Supervisor
+    kind, target = ("script", a.script) if a.script else (("module", a.module) if a.module
+                                                          else ("recipe", "deepfm"))
+    sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs")
+    for p in r.processes:
+        env = dict(os.environ)
+        env.update(process_env(p, r.all_processes, os.cpu_count() or 1))
+        cmd = server_command() if p.is_server else entry_command(kind, target, a.entry_args, [])
+        sup.start(p.label, cmd, env, server=p.is_server)
+    outcome = sup.wait()
+    if not outcome.ok:
+        from .errors import CtrError
+        raise CtrError("\n".join([outcome.reason, *outcome.tail]))
+
+
 def _quickstart_command(sub):
     p = sub.add_parser("quickstart", help="the main job on embedded defaults: synthesize, convert, "
                                           "train, evaluate, export")
@@ -341,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _data_commands(sub)
     _train_commands(sub)
+    _launch_commands(sub)
+    _run_command(sub)
     _bench_commands(sub)
     _quickstart_command(sub)
     return parser

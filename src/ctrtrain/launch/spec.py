@@ -76,7 +76,7 @@ def _int(d, key, where, default, minimum=1):
 def _safe_path(base: Path, value, key) -> str:
     _expect(isinstance(value, str) and value, key, "must be a non-empty path string")
     p = Path(value)
-    return str(p if p.is_absolute() else (base / p))
+    return os.path.normpath(str(p if p.is_absolute() else (base / p)))
 
 
 def load_spec(path: str | os.PathLike, overrides: dict | None = None) -> JobSpec:
@@ -89,7 +89,7 @@ def load_spec(path: str | os.PathLike, overrides: dict | None = None) -> JobSpec
         raise ConfigError(f"job spec {path} is not valid YAML: {e}") from None
     if overrides:
         raw = {**raw, **overrides}
-    return parse_spec(raw, base=path.parent, spec_path=str(path))
+    return parse_spec(raw, base=path.resolve().parent, spec_path=str(path))
 
 
 def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) -> JobSpec:

@@ -1,0 +1,55 @@
+"""What a job's process is given besides SageMaker's variables: TF_CONFIG, ranks, its role,
+thread settings that do not over-subscribe the host, and the data-service address. One place,
+used by the local launcher and by `ctrtrain run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .plan import Process, dispatcher_address
+
+
+def process_env(p: Process, procs: list[Process], cores: int) -> dict[str, str]:
+    on_host = [q for q in procs if q.host == p.host]
+    env = {"CTRTRAIN_ROLE": p.role, "CTRTRAIN_TASK_INDEX": str(p.index),
+           "CTRTRAIN_ADDRESS": p.address, "CTRTRAIN_HOST": p.host,
+           "LOCAL_RANK": str(p.local_rank),
+           "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CTRTRAIN_NO_PROGRESS": "1"}
+    if p.tf_config:
+        env["TF_CONFIG"] = json.dumps(p.tf_config)
+    if p.rank is not None:
+        env.update(RANK=str(p.rank), WORLD_SIZE=str(p.world_size),
+                   LOCAL_SIZE=str(sum(1 for q in on_host if q.rank is not None)))
+    d = dispatcher_address(procs)
+    if d:
+        env["CTRTRAIN_DATA_SERVICE"] = d
+    # Every TF process on a host shares its cores: split them instead of each taking all.
+    share = max(1, cores // max(1, len(on_host)))
+    env["TF_NUM_INTRAOP_THREADS"] = str(share)
+    if p.tf_config and "ps" in p.tf_config["cluster"]:
+        # ParameterServerStrategy hangs on small hosts with too few inter-op threads (DESIGN 4).
+        env["TF_NUM_INTEROP_THREADS"] = str(len(p.tf_config["cluster"].get("worker", [])) + 1)
+        env["GRPC_FAIL_FAST"] = "use_caller"
+    else:
+        env["TF_NUM_INTEROP_THREADS"] = str(max(2, share))
+    env["OMP_NUM_THREADS"] = str(share)
+    return env
+
+
+def server_command() -> list[str]:
+    return [sys.executable, "-m", "ctrtrain.cluster.server"]
+
+
+def entry_command(kind: str, target: str, args: list[str], hp_args: list[str]) -> list[str]:
+    if kind == "script":
+        return [sys.executable, target, *args, *hp_args]
+    if kind == "module":
+        return [sys.executable, "-m", target, *args, *hp_args]
+    return [sys.executable, "-m", f"ctrtrain.recipes.{target}", *args, *hp_args]
+
+
+def runs_entry_point(p: Process) -> bool:
+    """Servers run ctrtrain's server; every other process runs the user's entry point."""
+    return not p.is_server

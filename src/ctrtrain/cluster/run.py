@@ -1,0 +1,70 @@
+"""`ctrtrain run`: the entry point inside a real cluster's containers.
+
+It finds who it is, in this order: TF_CONFIG (Kubernetes TFJob, Vertex AI: one process per
+container, its role given), SageMaker's resourceconfig.json / SM_* variables (one container
+per host: this host's processes are planned exactly as the local launcher plans them), or
+explicit --hosts/--host-index flags (bare machines). Then it starts this host's processes
+(servers for ps / data-service roles, the entry point for the others) under the same
+supervisor as the local launcher; TensorFlow's gRPC runtime does the distributed work."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from ..errors import ConfigError
+from .plan import Group, Process, Topology, plan_cluster
+from .sagemaker import read_resource_config, topology_from_resource_config
+
+BASE_PORT = 2222
+
+
+@dataclasses.dataclass
+class Resolved:
+    source: str                     # "tf_config" | "sagemaker" | "flags"
+    host: str
+    processes: list[Process]        # this host's (or this container's) processes
+    all_processes: list[Process]
+
+
+def port_address(host: str, slot: int) -> str:
+    return f"{host}:{BASE_PORT + slot}"
+
+
+def resolve(environ=os.environ, mode: str = "single", processes_per_host: int = 1,
+            parameter_servers_per_host: int = 1, data_service_group: str | None = None,
+            hosts: list[str] | None = None, host_index: int | None = None) -> Resolved:
+    if environ.get("TF_CONFIG") and not environ.get("CTRTRAIN_ROLE"):
+        cfg = json.loads(environ["TF_CONFIG"])
+        try:
+            cluster, task = cfg["cluster"], cfg["task"]
+            role, index = task["type"], int(task["index"])
+            addr = cluster[role][index]
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            raise ConfigError(f"TF_CONFIG is not a valid cluster/task description: {e}") from e
+        if role == "master":  # SageMaker's TF1 parameter-server naming
+            raise ConfigError("TF_CONFIG names a 'master' (TF1); TF2's ParameterServerStrategy "
+                              "needs a 'chief' job")
+        p = Process(addr.rsplit(":", 1)[0], "tfjob", role, index, 0, address=addr, tf_config=cfg)
+        if role == "worker" and "ps" not in cluster:
+            workers = cluster["worker"]
+            p.rank, p.world_size = index + (1 if "chief" in cluster else 0), len(workers) + (
+                1 if "chief" in cluster else 0)
+        return Resolved("tf_config", p.host, [p], [p])
+    if hosts:
+        if host_index is None or not 0 <= host_index < len(hosts):
+            raise ConfigError(f"--host-index must be in [0, {len(hosts)})")
+        topo = Topology([Group("cluster", len(hosts), processes_per_host, names=tuple(hosts))],
+                        mode, parameter_servers_per_host)
+        me, source = hosts[host_index], "flags"
+    else:
+        rc = read_resource_config(environ)
+        if rc is None:
+            raise ConfigError("no cluster found: no TF_CONFIG, no SageMaker resourceconfig.json "
+                              "or SM_HOSTS, and no --hosts/--host-index")
+        topo = topology_from_resource_config(rc, mode, processes_per_host,
+                                             parameter_servers_per_host, data_service_group)
+        me, source = rc["current_host"], "sagemaker"
+    procs = plan_cluster(topo, address=port_address)
+    return Resolved(source, me, [p for p in procs if p.host == me], procs)

@@ -1,0 +1,140 @@
+"""Channels as a SageMaker container sees them: File mode materializes the host's share of the
+files under input/data/<channel>/ (FullyReplicated: all; ShardedByS3Key: every n-th key of the
+sorted list, like S3 key sharding); Pipe mode feeds one FIFO per channel per epoch,
+input/data/<channel>_<epoch>, from the host's share."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..data.files import list_inputs
+from ..data.manifest import MANIFEST_NAME, read_manifest
+from ..errors import ConfigError
+from .spec import Channel
+
+
+def channel_files(ch: Channel) -> list[str]:
+    """The channel's data files, sorted by key (a ctrtrain data dir: those in its manifest)."""
+    if os.path.isdir(ch.path) and os.path.exists(os.path.join(ch.path, MANIFEST_NAME)):
+        return sorted(read_manifest(ch.path).paths(ch.path))
+    return sorted(list_inputs([ch.path]))
+
+
+def assign(ch: Channel, hosts: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """(host -> files, warnings)."""
+    files = channel_files(ch)
+    if ch.distribution == "FullyReplicated":
+        return {h: list(files) for h in hosts}, []
+    share = {h: files[i::len(hosts)] for i, h in enumerate(hosts)}
+    warnings = []
+    counts = sorted(len(v) for v in share.values())
+    if counts[0] != counts[-1]:
+        warnings.append(f"channel {ch.name}: {len(files)} files do not divide evenly over "
+                        f"{len(hosts)} hosts (ShardedByS3Key gives {counts[0]} to {counts[-1]} per host)"
+                        + ("; a host gets no data" if counts[0] == 0 else ""))
+    return share, warnings
+
+
+def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:
+    """Links the host's files into dest; a ctrtrain data dir also gets a manifest of the share."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for f in files:
+        os.symlink(os.path.abspath(f), dest / os.path.basename(f))
+    if os.path.isdir(ch.path) and os.path.exists(os.path.join(ch.path, MANIFEST_NAME)):
+        m = read_manifest(ch.path)
+        keep = {os.path.basename(f) for f in files}
+        m.files = [e for e in m.files if os.path.basename(e.path) in keep]
+        m.files = [type(e)(os.path.basename(e.path), e.records, e.bytes, e.sha256) for e in m.files]
+        m.positives = 0  # unknown for a share
+        if m.vocabulary and os.path.exists(os.path.join(ch.path, m.vocabulary)):
+            os.symlink(os.path.abspath(os.path.join(ch.path, m.vocabulary)), dest / m.vocabulary)
+        m.write(dest)
+
+
+class PipeFeeder(threading.Thread):
+    """Feeds <dir>/<channel>_<epoch> FIFOs, one epoch after another. The FIFO is opened for
+    writing only when a reader has opened it (polled, so teardown never blocks here). If more
+    than one process of the job holds the FIFO open, the feeder reports an error instead of
+    splitting the stream between readers."""
+
+    def __init__(self, directory: Path, channel: str, files: list[str], epochs: int,
+                 job_pids, on_error, chunk: int = 1 << 18):
+        super().__init__(daemon=True, name=f"pipe-{channel}")
+        self.directory, self.channel, self.files, self.epochs = directory, channel, files, epochs
+        self.job_pids, self.on_error, self.chunk = job_pids, on_error, chunk
+        self.stop = threading.Event()
+        self.fed_epochs = 0
+
+    def fifo(self, epoch: int) -> Path:
+        return self.directory / f"{self.channel}_{epoch}"
+
+    def run(self):
+        try:
+            for epoch in range(self.epochs):
+                path = self.fifo(epoch)
+                if path.exists():
+                    path.unlink()
+                os.mkfifo(path)
+                fd = self._open_when_read(path)
+                if fd is None:
+                    return
+                try:
+                    os.set_blocking(fd, True)
+                    time.sleep(0.05)
+                    self._check_single_reader(path)
+                    for f in self.files:
+                        with open(f, "rb") as src:
+                            while block := src.read(self.chunk):
+                                if self.stop.is_set():
+                                    return
+                                os.write(fd, block)
+                                self._check_single_reader(path)
+                finally:
+                    # A fed epoch's FIFO disappears before its reader can see EOF, so a late
+                    # second reader gets "no such file" at once instead of blocking forever.
+                    path.unlink(missing_ok=True)
+                    os.close(fd)
+                self.fed_epochs += 1
+        except BrokenPipeError:
+            self.on_error(f"Pipe channel {self.channel}: the reader closed {self.fifo(self.fed_epochs)} "
+                          "before the end of the data")
+        except Exception as e:  # reported to the supervisor, which fails the job
+            self.on_error(f"Pipe channel {self.channel}: {e}")
+
+    def _open_when_read(self, path: Path):
+        while not self.stop.is_set():
+            try:
+                return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                if e.errno != errno.ENXIO:  # ENXIO: no reader yet
+                    raise
+                time.sleep(0.05)
+        return None
+
+    def _check_single_reader(self, path: Path):
+        readers = [pid for pid in self.job_pids() if _has_open(pid, path)]
+        if len(readers) > 1:
+            raise ConfigError(f"{len(readers)} processes (pids {readers}) opened the FIFO {path}; "
+                              "a Pipe channel has one reader: give each process its own channel")
+
+
+def _has_open(pid: int, path: Path) -> bool:
+    target = os.path.realpath(path)
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return True
+            except OSError:
+                continue
+    except OSError:
+        return False
+    return False

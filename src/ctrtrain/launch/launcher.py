@@ -1,0 +1,129 @@
+"""`ctrtrain launch job.yaml`: a multi-host job on this machine. Each simulated host gets an
+/opt/ml-like tree under <run dir>/hosts/<host>/ and its processes get exactly the environment a
+SageMaker TensorFlow container gives (plus TF_CONFIG and ranks); servers listen on free
+loopback ports; the chief's model/ is collected into <run dir>/model (and model.tar.gz)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tarfile
+import time
+from pathlib import Path
+
+from ..cluster.plan import plan_cluster
+from ..cluster.process_env import entry_command, process_env, server_command
+from ..cluster.sagemaker import container_env, user_args, write_config_files
+from ..errors import CtrError
+from .channels import PipeFeeder, assign, materialize_file_channel
+from .spec import JobSpec
+from .supervisor import Supervisor
+
+
+class JobFailed(CtrError):
+    pass
+
+
+class PortAllocator:
+    """Free loopback ports, never the same twice in one job."""
+
+    def __init__(self):
+        self.used: set[int] = set()
+
+    def get(self) -> int:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in self.used:
+                self.used.add(port)
+                return port
+
+
+def host_base(run_dir: Path, host: str) -> Path:
+    return run_dir / "hosts" / host
+
+
+def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dict:
+    run_dir = Path(spec.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(run_dir, os.W_OK):
+        raise JobFailed(f"output directory {run_dir} is not writable")
+    cores = cores or os.cpu_count() or 1
+    ports = PortAllocator()
+    procs = plan_cluster(spec.topology, address=lambda host, slot: f"127.0.0.1:{ports.get()}")
+    hosts = [h for h, _ in spec.topology.host_names()]
+    training_hosts = sorted({p.host for p in procs if p.role in ("chief", "worker")},
+                            key=hosts.index)
+    shares, warnings = {}, []
+    for ch in spec.channels.values():
+        shares[ch.name], w = assign(ch, training_hosts)
+        warnings += w
+    for w in warnings:
+        print(f"warning: {w}", flush=True)
+
+    channel_modes = {c.name: c.as_dict() for c in spec.channels.values()}
+    sup = Supervisor(run_dir / "logs", console=console, time_limit=spec.time_limit,
+                     watchdog=spec.watchdog)
+    if sup.pid_file.exists():
+        sup.pid_file.unlink()
+    feeders = []
+    for host in hosts:
+        base = host_base(run_dir, host)
+        for sub in ("model", "output/data", "output/intermediate", "input/data"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        write_config_files(base, spec.topology, host, channel_modes, spec.hyperparameters)
+        for ch in spec.channels.values():
+            files = shares[ch.name].get(host, [])
+            if ch.input_mode == "File":
+                materialize_file_channel(ch, files, base / "input" / "data" / ch.name)
+            elif host in training_hosts:
+                feeders.append(PipeFeeder(base / "input" / "data", ch.name, files,
+                                          spec.pipe_epochs, sup.pids, sup.report_error))
+    started = time.time()
+    for p in procs:
+        base = host_base(run_dir, p.host)
+        env = dict(os.environ)
+        env.update(container_env(base, spec.topology, p.host, channel_modes, spec.hyperparameters,
+                                 spec.name, num_cpus=cores))
+        env.update(process_env(p, procs, cores))
+        if p.is_server:
+            cmd = server_command()
+        else:
+            cmd = entry_command(spec.entry_point.kind, spec.entry_point.target,
+                                spec.entry_point.args, user_args(spec.hyperparameters))
+        sup.start(p.label, cmd, env, cwd=str(base), server=p.is_server)
+    for f in feeders:
+        f.start()
+    try:
+        outcome = sup.wait()
+    finally:
+        for f in feeders:
+            f.stop.set()
+    summary = {"job": spec.name, "ok": outcome.ok, "reason": outcome.reason,
+               "seconds": time.time() - started, "exit_codes": outcome.exit_codes,
+               "processes": [{"label": p.label, "role": p.role, "index": p.index, "rank": p.rank,
+                              "address": p.address, "tf_config": p.tf_config} for p in procs],
+               "warnings": warnings}
+    if outcome.ok:
+        chief = next(p for p in procs if p.is_chief)
+        summary["model"] = collect_model(host_base(run_dir, chief.host) / "model", run_dir)
+    (run_dir / "job.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if not outcome.ok:
+        msg = "\n".join([f"job {spec.name} failed: {outcome.reason}", *outcome.tail])
+        raise JobFailed(msg)
+    return summary
+
+
+def collect_model(model_dir: Path, run_dir: Path) -> str:
+    """The chief's model/ becomes the job's output, like SageMaker's model.tar.gz step."""
+    out = run_dir / "model"
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(model_dir, out, symlinks=False)
+    with tarfile.open(run_dir / "model.tar.gz", "w:gz") as tar:
+        for item in sorted(out.iterdir()):
+            tar.add(item, arcname=item.name)
+    return str(out)

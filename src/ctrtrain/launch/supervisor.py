@@ -1,0 +1,180 @@
+"""Starts a job's processes, prefixes and files their logs, and tears the whole group down:
+on the first failure (with its log tail), when the time limit passes, when nothing has
+printed for the watchdog's time, on Ctrl-C, and -- for servers that never exit on their own --
+when every finishing process has finished. No process outlives the supervisor: each child is
+in its own process group (killed as a group) and dies with its parent (PR_SET_PDEATHSIG)."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@dataclasses.dataclass
+class Managed:
+    label: str
+    proc: subprocess.Popen
+    server: bool
+    log_path: Path
+    tail: collections.deque
+    last_output: float
+    returncode: int | None = None
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    ok: bool
+    reason: str
+    exit_codes: dict[str, int | None]
+    failed: str | None = None
+    tail: list[str] = dataclasses.field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, log_dir: Path, console=True, time_limit: float | None = None,
+                 watchdog: float | None = None, grace: float = 5.0, tail_lines: int = 30):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.console, self.time_limit, self.watchdog = console, time_limit, watchdog
+        self.grace, self.tail_lines = grace, tail_lines
+        self.procs: list[Managed] = []
+        self._lock = threading.Lock()
+        self._errors: list[str] = []
+        self.pid_file = self.log_dir / "pids"
+
+    def start(self, label: str, cmd: list[str], env: dict, cwd: str | None = None,
+              server: bool = False) -> Managed:
+        log_path = self.log_dir / (label.replace("/", "-") + ".log")
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        m = Managed(label, proc, server, log_path, collections.deque(maxlen=self.tail_lines),
+                    time.monotonic())
+        self.procs.append(m)
+        with open(self.pid_file, "a") as f:
+            f.write(f"{proc.pid} {label}\n")
+        threading.Thread(target=self._pump, args=(m,), daemon=True).start()
+        return m
+
+    def report_error(self, message: str) -> None:
+        """For helpers (pipe feeders): fails the job with this message."""
+        with self._lock:
+            self._errors.append(message)
+
+    def pids(self) -> list[int]:
+        """Every live process of the job: the children and whatever they started (each child
+        leads its own process group)."""
+        groups = {m.proc.pid for m in self.procs if m.proc.poll() is None}
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    if int(fields[2]) in groups:  # field 5 of stat: the process group
+                        out.append(int(entry))
+                except (OSError, IndexError, ValueError):
+                    continue
+        return out
+
+    def _pump(self, m: Managed):
+        with open(m.log_path, "ab") as log:
+            for raw in iter(m.proc.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                m.tail.append(line)
+                m.last_output = time.monotonic()
+                if self.console:
+                    with self._lock:
+                        print(f"[{m.label}] {line}", flush=True)
+
+    def wait(self) -> JobOutcome:
+        start = time.monotonic()
+        try:
+            while True:
+                for m in self.procs:
+                    if m.returncode is None:
+                        m.returncode = m.proc.poll()
+                if self._errors:
+                    return self._fail(self._errors[0], None)
+                bad = next((m for m in self.procs if m.returncode not in (None, 0)), None)
+                if bad is not None:
+                    return self._fail(f"{bad.label} exited with status {bad.returncode}", bad)
+                workers = [m for m in self.procs if not m.server]
+                if workers and all(m.returncode == 0 for m in workers):
+                    self._teardown()
+                    return JobOutcome(True, "all training processes finished", self._codes())
+                servers_gone = [m for m in self.procs if m.server and m.returncode is not None]
+                if servers_gone:
+                    m = servers_gone[0]
+                    return self._fail(f"{m.label} (a server) exited with status {m.returncode} "
+                                      "while training was running", m)
+                now = time.monotonic()
+                if self.time_limit and now - start > self.time_limit:
+                    return self._fail(f"time limit of {self.time_limit:g} s reached", None)
+                if self.watchdog:
+                    quiet = [m for m in workers if m.returncode is None]
+                    if quiet and all(now - m.last_output > self.watchdog for m in quiet):
+                        return self._fail(
+                            f"no progress for {self.watchdog:g} s (no output from "
+                            f"{', '.join(m.label for m in quiet)}): stuck, torn down", quiet[0],
+                            stuck=quiet)
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            self._teardown()
+            raise
+
+    def _codes(self):
+        return {m.label: m.returncode for m in self.procs}
+
+    def _fail(self, reason: str, who: Managed | None, stuck=None) -> JobOutcome:
+        tails = []
+        for m in ([who] if who else []) + [s for s in (stuck or []) if s is not who]:
+            time.sleep(0.2)  # let the pump catch the last lines
+            tails += [f"--- last lines of {m.label} ({m.log_path}) ---", *list(m.tail)]
+        self._teardown()
+        return JobOutcome(False, reason, self._codes(), who.label if who else None, tails)
+
+    def _teardown(self):
+        live = [m for m in self.procs if m.proc.poll() is None]
+        for m in live:
+            _signal_group(m.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for m in live:
+            try:
+                m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for m in self.procs:
+            _signal_group(m.proc, signal.SIGKILL)  # also any grandchildren left in the group
+            try:
+                m.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if m.returncode is None:
+                m.returncode = m.proc.returncode
+
+
+def _signal_group(proc: subprocess.Popen, sig):
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

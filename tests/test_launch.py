@@ -1,0 +1,370 @@
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_cli
+from ctrtrain.cluster.plan import plan_cluster
+from ctrtrain.cluster.run import resolve
+from ctrtrain.cluster.sagemaker import resource_config
+from ctrtrain.errors import ConfigError
+from ctrtrain.launch.spec import load_spec, parse_spec
+
+EXAMPLES = ROOT / "examples"
+
+
+def spec_from_example(tmp_path, name, **over):
+    """An example spec with its paths made absolute and the output in tmp_path."""
+    raw = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    if "script" in raw["entry_point"]:
+        raw["entry_point"]["script"] = str(EXAMPLES / raw["entry_point"]["script"])
+    for ch in (raw.get("channels") or {}).values():
+        ch["path"] = str(EXAMPLES / ch["path"])
+    raw["output_dir"] = str(tmp_path / "run")
+    raw.update(over)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def alive(run_dir):
+    pids = [int(l.split()[0]) for l in (Path(run_dir) / "logs" / "pids").read_text().splitlines()]
+    out = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            out.append(pid)
+        except ProcessLookupError:
+            pass
+    return pids, out
+
+
+def test_sagemaker_script_runs_unchanged_with_sharded_channel(tmp_path):
+    r = run_cli("launch", spec_from_example(tmp_path, "sagemaker-script"))
+    assert "do not divide evenly" in r.stdout  # 5 files over 2 hosts
+    run = tmp_path / "run"
+    models = json.loads((run / "job.json").read_text())
+    assert models["ok"] and models["model"] == str(run / "model")
+    m1 = json.loads((run / "model" / "model-algo-1.json").read_text())
+    assert m1["hosts"] == ["algo-1", "algo-2"] and m1["epochs"] == 2 and m1["learning_rate"] == 0.05
+    assert m1["files"] == ["part-0.txt", "part-2.txt", "part-4.txt"]
+    m2 = json.loads((run / "hosts" / "algo-2" / "model" / "model-algo-2.json").read_text())
+    assert m2["files"] == ["part-1.txt", "part-3.txt"]  # every file read by exactly one host
+    assert (run / "model.tar.gz").exists() and "[algo-2/worker/1]" in r.stdout
+    assert (run / "logs" / "algo-2-worker-1.log").read_text().startswith("algo-2: 4 rows")
+    assert alive(run)[1] == []
+
+
+ENV_DUMP = """
+import json, os, pathlib
+cfg = pathlib.Path(os.environ["SM_INPUT_CONFIG_DIR"])
+out = {"env": {k: v for k, v in os.environ.items() if k.startswith(("SM_", "TF_CONFIG", "RANK",
+       "WORLD_SIZE", "LOCAL_RANK", "CTRTRAIN_"))},
+       "resourceconfig": json.loads((cfg / "resourceconfig.json").read_text()),
+       "inputdataconfig": json.loads((cfg / "inputdataconfig.json").read_text()),
+       "hyperparameters": json.loads((cfg / "hyperparameters.json").read_text())}
+name = f"env-{os.environ['SM_CURRENT_HOST']}-{os.environ['LOCAL_RANK']}.json"
+pathlib.Path(os.environ["SM_OUTPUT_DATA_DIR"], name).write_text(json.dumps(out))
+"""
+
+
+def test_environment_matches_the_sagemaker_contract_key_by_key(tmp_path):
+    (tmp_path / "dump.py").write_text(ENV_DUMP)
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d1" / "a.txt").write_text("x\n")
+    spec = {"name": "env", "entry_point": {"script": "dump.py"},
+            "hyperparameters": {"epochs": 3, "optimizer": "adam"},
+            "instance_groups": [{"name": "train", "hosts": 2, "processes_per_host": 2,
+                                 "instance_type": "ml.c5.xlarge"},
+                                {"name": "data", "hosts": 1, "instance_type": "ml.c5.large"}],
+            "distribution": {"mode": "allreduce",
+                             "data_service": {"group": "data", "processing_mode": "distributed_epoch"}},
+            "channels": {"training-2": {"path": "d1"}, "Eval": {"path": "d1", "distribution": "ShardedByS3Key"}},
+            "output_dir": "run", "time_limit": 120}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    run_cli("launch", tmp_path / "job.yaml")
+    run = tmp_path / "run"
+    base = run / "hosts" / "algo-2"
+    d = json.loads((base / "output" / "data" / "env-algo-2-1.json").read_text())
+    env = d["env"]
+    assert env["SM_HOSTS"] == '["algo-1", "algo-2", "algo-3"]'
+    assert env["SM_CURRENT_HOST"] == "algo-2"
+    assert json.loads(env["SM_CHANNELS"]) == ["Eval", "training-2"]  # sorted
+    assert env["SM_CHANNEL_TRAINING-2"] == str(base / "input" / "data" / "training-2")
+    assert env["SM_CHANNEL_EVAL"] == str(base / "input" / "data" / "Eval")
+    assert json.loads(env["SM_HPS"]) == {"epochs": 3, "optimizer": "adam"}
+    assert env["SM_HP_EPOCHS"] == "3" and env["SM_HP_OPTIMIZER"] == "adam"
+    assert env["SM_MODEL_DIR"] == str(base / "model")
+    assert env["SM_OUTPUT_DATA_DIR"] == str(base / "output" / "data")
+    assert env["SM_NUM_CPUS"] == str(os.cpu_count()) and env["SM_NUM_GPUS"] == "0"
+    assert env["SM_CURRENT_INSTANCE_GROUP"] == "train"
+    assert json.loads(env["SM_INSTANCE_GROUPS"]) == ["train", "data"]
+    assert env["SM_IS_HETERO"] == "true"
+    assert json.loads(env["SM_CURRENT_INSTANCE_GROUP_HOSTS"]) == ["algo-1", "algo-2"]
+    te = json.loads(env["SM_TRAINING_ENV"])
+    assert te["current_host"] == "algo-2" and te["hosts"] == ["algo-1", "algo-2", "algo-3"]
+    assert te["hyperparameters"] == {"epochs": 3, "optimizer": "adam"}
+    assert te["channel_input_dirs"]["training-2"] == env["SM_CHANNEL_TRAINING-2"]
+    # Ranks for all-reduce: 4 workers, algo-2's second process is global rank 3.
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "1")
+    tfc = json.loads(env["TF_CONFIG"])
+    assert tfc["task"] == {"type": "worker", "index": 3} and len(tfc["cluster"]["worker"]) == 4
+    assert all(a.startswith("127.0.0.1:") for a in tfc["cluster"]["worker"])
+    assert env["CTRTRAIN_DATA_SERVICE"].startswith("grpc://127.0.0.1:")
+    rc = d["resourceconfig"]
+    assert rc["current_host"] == "algo-2" and rc["current_group_name"] == "train"
+    assert rc["instance_groups"] == [
+        {"instance_group_name": "train", "instance_type": "ml.c5.xlarge", "hosts": ["algo-1", "algo-2"]},
+        {"instance_group_name": "data", "instance_type": "ml.c5.large", "hosts": ["algo-3"]}]
+    assert d["inputdataconfig"]["Eval"] == {"TrainingInputMode": "File",
+                                           "S3DistributionType": "ShardedByS3Key",
+                                           "RecordWrapperType": "None"}
+    assert d["hyperparameters"] == {"epochs": "3", "optimizer": "adam"}
+    job = json.loads((run / "job.json").read_text())
+    roles = sorted((p["label"]) for p in job["processes"])
+    assert roles == ["algo-1/worker/0", "algo-1/worker/1", "algo-2/worker/2", "algo-2/worker/3",
+                     "algo-3/data_worker/0", "algo-3/dispatcher/0"]
+    # The data-service servers were shut down when training finished.
+    assert job["exit_codes"]["algo-3/dispatcher/0"] < 0 and alive(run)[1] == []
+
+
+def test_first_failure_fails_the_job_fast_and_tears_everything_down(tmp_path):
+    (tmp_path / "s.py").write_text(
+        "import os, sys, time\n"
+        "if os.environ['SM_CURRENT_HOST'] == 'algo-2':\n"
+        "    print('bad input on algo-2', flush=True); sys.exit(3)\n"
+        "time.sleep(120)\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "fail", "entry_point": {"script": "s.py"},
+        "instance_groups": [{"name": "g", "hosts": 3}], "distribution": "allreduce",
+        "output_dir": "run"}))
+    t = time.time()
+    r = run_cli("launch", tmp_path / "job.yaml", check=False)
+    assert r.returncode == 2 and time.time() - t < 30
+    assert "algo-2/worker/1 exited with status 3" in r.stderr and "bad input on algo-2" in r.stderr
+    pids, live = alive(tmp_path / "run")
+    assert len(pids) == 3 and live == []
+
+
+def test_time_limit_and_ctrl_c_leave_no_process(tmp_path):
+    (tmp_path / "s.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(300)\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "slow", "entry_point": {"script": "s.py"},
+        "instance_groups": [{"name": "g", "hosts": 2}], "distribution": "allreduce",
+        "output_dir": "run", "time_limit": 3}))
+    r = run_cli("launch", tmp_path / "job.yaml", check=False)
+    assert r.returncode == 2 and "time limit of 3 s reached" in r.stderr
+    assert alive(tmp_path / "run")[1] == []
+    # Ctrl-C (SIGINT to the launcher) tears the job down.
+    proc = subprocess.Popen([sys.executable, "-m", "ctrtrain.cli", "launch", str(tmp_path / "job.yaml"),
+                             "--time-limit", "300", "--output-dir", str(tmp_path / "run2")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pidfile = tmp_path / "run2" / "logs" / "pids"
+    end = time.time() + 60
+    while time.time() < end and not (pidfile.exists() and len(pidfile.read_text().splitlines()) == 2):
+        time.sleep(0.1)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert alive(tmp_path / "run2")[1] == []
+
+
+def test_launcher_killed_outright_takes_its_processes_with_it(tmp_path):
+    (tmp_path / "s.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(300)\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "orphan", "entry_point": {"script": "s.py"},
+        "instance_groups": [{"name": "g", "hosts": 2}], "distribution": "allreduce",
+        "output_dir": "run"}))
+    proc = subprocess.Popen([sys.executable, "-m", "ctrtrain.cli", "launch", str(tmp_path / "job.yaml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pidfile = tmp_path / "run" / "logs" / "pids"
+    end = time.time() + 60
+    while time.time() < end and not (pidfile.exists() and len(pidfile.read_text().splitlines()) == 2):
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    end = time.time() + 10
+    while time.time() < end and alive(tmp_path / "run")[1]:
+        time.sleep(0.1)
+    assert alive(tmp_path / "run")[1] == []
+
+
+def test_pipe_mode_feeds_each_host_its_share(tmp_path):
+    run_cli("launch", spec_from_example(tmp_path, "pipe-mode"))
+    run = tmp_path / "run"
+    files = sorted((EXAMPLES / "data" / "text").iterdir())
+    want1 = sum(f.stat().st_size for f in files[0::2])
+    want2 = sum(f.stat().st_size for f in files[1::2])
+    assert json.loads((run / "model" / "pipe-algo-1.json").read_text())["bytes"] == want1
+    got2 = json.loads((run / "hosts" / "algo-2" / "model" / "pipe-algo-2.json").read_text())
+    assert got2["bytes"] == want2
+
+
+def test_second_reader_of_a_fifo_is_an_error_not_a_hang(tmp_path):
+    # Two processes read the same FIFO slowly, side by side: the feeder sees both.
+    (tmp_path / "two.py").write_text(
+        "import os, subprocess, sys, time\n"
+        "ch = os.environ['SM_CHANNEL_TRAINING'] + '_0'\n"
+        "slow = 'import sys, time\\nf = open(sys.argv[1], \"rb\")\\nwhile f.read(4096): time.sleep(0.01)'\n"
+        "other = subprocess.Popen([sys.executable, '-c', slow, ch])\n"
+        "time.sleep(0.3)\n"
+        "subprocess.run([sys.executable, '-c', slow, ch])\n"
+        "other.wait()\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "big.bin").write_bytes(os.urandom(1 << 22))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "fifo", "entry_point": {"script": "two.py"},
+        "instance_groups": [{"name": "g", "hosts": 1}],
+        "channels": {"training": {"path": "d", "input_mode": "Pipe"}},
+        "output_dir": "run", "time_limit": 60}))
+    t = time.time()
+    r = run_cli("launch", tmp_path / "job.yaml", check=False)
+    assert r.returncode == 2 and "a Pipe channel has one reader" in r.stderr
+    assert time.time() - t < 30 and alive(tmp_path / "run")[1] == []
+    # A reader that comes after the epoch was fed gets an error at once, not a hang.
+    (tmp_path / "late.py").write_text(
+        "import os\nch = os.environ['SM_CHANNEL_TRAINING'] + '_0'\n"
+        "open(ch, 'rb').read()\nopen(ch, 'rb').read()\n")
+    spec = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    spec["entry_point"] = {"script": "late.py"}
+    spec["output_dir"] = "run-late"
+    (tmp_path / "late.yaml").write_text(yaml.safe_dump(spec))
+    t = time.time()
+    r = run_cli("launch", tmp_path / "late.yaml", check=False)
+    assert r.returncode == 2 and "No such file or directory" in r.stderr and time.time() - t < 30
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda s: s.update(colour="red"), "colour: unknown key"),
+    (lambda s: s["instance_groups"][0].update(hosts="two"), "instance_groups[0].hosts: must be an integer"),
+    (lambda s: s.update(distribution={"mode": "magic"}), "distribution.mode: 'magic' is not one of"),
+    (lambda s: s["channels"]["training"].update(path="nope"), "channels.training.path"),
+    (lambda s: s["channels"]["training"].update(input_mode="Stream"), "channels.training.input_mode"),
+    (lambda s: s.update(entry_point={"script": "x.py", "module": "m"}), "exactly one of"),
+    (lambda s: s.update(distribution="single"), "mode single runs one training process"),
+    (lambda s: (s["channels"]["training"].update(input_mode="Pipe"),
+                s["instance_groups"][0].update(processes_per_host=2)), "cannot share 1 Pipe channel"),
+])
+def test_invalid_specs_name_the_key(tmp_path, mutate, message):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("x")
+    (tmp_path / "t.py").write_text("")
+    spec = {"name": "x", "entry_point": {"script": "t.py"},
+            "instance_groups": [{"name": "g", "hosts": 2}], "distribution": "allreduce",
+            "channels": {"training": {"path": "d"}}, "output_dir": "run"}
+    mutate(spec)
+    with pytest.raises(ConfigError) as e:
+        parse_spec(spec, base=tmp_path)
+    assert message in str(e.value)
+    (tmp_path / "empty").mkdir()
+    spec = {"name": "x", "entry_point": {"script": "t.py"}, "instance_groups": [{"name": "g"}],
+            "channels": {"training": "empty"}, "output_dir": "run"}
+    with pytest.raises(ConfigError, match="is empty"):
+        parse_spec(spec, base=tmp_path)
+
+
+def test_yaml_is_parsed_safely(tmp_path):
+    (tmp_path / "evil.yaml").write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_spec(tmp_path / "evil.yaml")
+
+
+# Recorded environments: what SageMaker / a TFJob would give each container.
+SM_RESOURCECONFIG_ALGO2 = {
+    "current_host": "algo-2", "current_instance_type": "ml.c5.4xlarge",
+    "current_group_name": "homogeneousCluster", "hosts": ["algo-1", "algo-2"],
+    "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "ml.c5.4xlarge",
+                         "hosts": ["algo-2", "algo-1"]}], "network_interface_name": "eth0"}
+
+
+@pytest.mark.parametrize("mode,procs_per_host", [("parameter_server", 1), ("allreduce", 2),
+                                                 ("parameter_server", 2)])
+def test_run_in_a_sagemaker_container_plays_the_launchers_roles(tmp_path, mode, procs_per_host):
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "resourceconfig.json").write_text(json.dumps(SM_RESOURCECONFIG_ALGO2))
+    r = resolve({"SM_INPUT_CONFIG_DIR": str(cfg)}, mode=mode, processes_per_host=procs_per_host)
+    assert r.source == "sagemaker" and r.host == "algo-2"
+    # The local launcher's plan for the same job spec, on the same host.
+    spec = parse_spec({"name": "x", "entry_point": {"recipe": "deepfm"},
+                       "instance_groups": [{"name": "homogeneousCluster", "hosts": 2,
+                                            "processes_per_host": procs_per_host}],
+                       "distribution": {"mode": mode}, "output_dir": str(tmp_path / "o")})
+    local = [p for p in plan_cluster(spec.topology) if p.host == "algo-2"]
+    key = lambda p: (p.role, p.index, p.rank, p.local_rank,  # noqa: E731
+                     json.dumps(p.tf_config, sort_keys=True) if p.tf_config else None)
+    assert [key(p) for p in r.processes] == [key(p) for p in local]
+    for p in r.processes:
+        if p.tf_config:
+            assert all(a.split(":")[0] in ("algo-1", "algo-2") for v in p.tf_config["cluster"].values()
+                       for a in v)
+    if mode == "parameter_server":
+        assert {p.role for p in r.processes} == {"ps", "worker"}
+        assert "chief" in r.processes[0].tf_config["cluster"]
+
+
+def test_run_from_tfjob_and_flags():
+    tfjob = {"cluster": {"chief": ["job-chief-0:2222"], "worker": ["job-worker-0:2222", "job-worker-1:2222"],
+                         "ps": ["job-ps-0:2222"]}, "task": {"type": "worker", "index": 1}}
+    r = resolve({"TF_CONFIG": json.dumps(tfjob)})
+    assert r.source == "tf_config" and [(p.role, p.index) for p in r.processes] == [("worker", 1)]
+    assert r.processes[0].is_server  # a PS-mode worker serves the coordinator
+    with pytest.raises(ConfigError, match="master"):
+        resolve({"TF_CONFIG": json.dumps({"cluster": {"master": ["a:1"]}, "task": {"type": "master", "index": 0}})})
+    r = resolve({}, mode="allreduce", hosts=["h0", "h1", "h2"], host_index=2)
+    assert [(p.role, p.rank, p.world_size) for p in r.processes] == [("worker", 2, 3)]
+    assert r.processes[0].tf_config["cluster"]["worker"] == ["h0:2222", "h1:2222", "h2:2222"]
+    r = run_cli("run", "--dry-run", "--mode", "allreduce", "--hosts", "h0,h1", "--host-index", "1")
+    assert json.loads(r.stdout)["processes"][0]["rank"] == 1
+
+
+def test_resource_config_round_trip():
+    spec = parse_spec({"name": "x", "entry_point": {"recipe": "deepfm"},
+                       "instance_groups": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 2}],
+                       "distribution": "allreduce", "output_dir": "/tmp/x"})
+    rc = resource_config(spec.topology, "algo-3")
+    assert rc["current_group_name"] == "b" and rc["hosts"] == ["algo-1", "algo-2", "algo-3"]
+
+
+def test_allreduce_script_on_tensorflow_collectives(tmp_path):
+    """The Horovod-style MNIST-like script, rewritten to MultiWorkerMirroredStrategy, on 2 hosts."""
+    r = run_cli("launch", spec_from_example(tmp_path, "allreduce-mnist"))
+    result = json.loads((tmp_path / "run" / "model" / "mnist_like.json").read_text())
+    assert result["world_size"] == 2 and result["accuracy"] > 0.4  # 10 classes: chance is 0.1
+    # Synchronous: both ranks report the same all-reduced loss at every logged step.
+    for step in (0, 20, 40):
+        losses = {l.split("loss ")[1] for l in r.stdout.splitlines() if f" step {step} loss" in l}
+        assert len(losses) == 1, losses
+    assert alive(tmp_path / "run")[1] == []
+
+
+def test_parameter_servers_are_shut_down_when_the_chief_finishes(tmp_path):
+    run_cli("launch", spec_from_example(tmp_path, "parameter-server"))
+    job = json.loads((tmp_path / "run" / "job.json").read_text())
+    assert json.loads((tmp_path / "run" / "model" / "ps_result.json").read_text())["counter"] == 20.0
+    assert job["exit_codes"]["algo-1/chief/0"] == 0
+    servers = {k: v for k, v in job["exit_codes"].items() if "/ps/" in k or "/worker/" in k}
+    assert len(servers) == 4 and all(v < 0 for v in servers.values())  # ended by the launcher
+    chief = next(p for p in job["processes"] if p["role"] == "chief")
+    assert sorted(chief["tf_config"]["cluster"]) == ["chief", "ps", "worker"]
+    assert alive(tmp_path / "run")[1] == []
+
+
+def test_deepfm_recipe_through_launch(tmp_path):
+    from trainutil import make_synth
+    make_synth(tmp_path / "data", rows=20_000, feature_size=2_000)
+    spec = spec_from_example(tmp_path, "deepfm-single", hyperparameters={"epochs": 1, "batch_size": 256},
+                             channels={"training": {"path": str(tmp_path / "data" / "tf" / "train")},
+                                       "test": {"path": str(tmp_path / "data" / "tf" / "test")}})
+    run_cli("launch", spec)
+    result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
+    assert result["step"] == 16_000 // 256 and result["test"]["auc"] > 0.6
+    assert list((tmp_path / "run" / "model" / "export").iterdir())
