@@ -368,3 +368,29 @@ def test_deepfm_recipe_through_launch(tmp_path):
     result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
     assert result["step"] == 16_000 // 256 and result["test"]["auc"] > 0.6
     assert list((tmp_path / "run" / "model" / "export").iterdir())
+
+
+def test_mirrored_devices_on_one_host(tmp_path):
+    run_cli("launch", spec_from_example(tmp_path, "mirrored"))
+    r = json.loads((tmp_path / "run" / "model" / "mirrored.json").read_text())
+    assert r["replicas"] == 2 and r["loss"] < 1e-3
+    assert [round(v, 2) for v in r["w"]] == [1.0, -2.0, 0.5, 3.0]
+
+
+def test_heterogeneous_cluster_with_data_service(tmp_path):
+    run_cli("launch", spec_from_example(tmp_path, "data-service"))
+    run = tmp_path / "run"
+    got = [json.loads(p.read_text()) for p in sorted(run.glob("hosts/*/output/data/consumed-*.json"))]
+    assert len(got) == 2
+    everything = sorted(v for g in got for v in g)
+    assert everything == [2 * i for i in range(1000)]  # distributed_epoch: each element once
+    job = json.loads((run / "job.json").read_text())
+    assert {k for k, v in job["exit_codes"].items() if v < 0} == {
+        "algo-3/dispatcher/0", "algo-3/data_worker/0", "algo-4/data_worker/1"}
+    assert alive(run)[1] == []
+
+
+def test_horovod_mode_without_horovod_fails_at_launch_with_a_message(tmp_path):
+    r = run_cli("launch", spec_from_example(tmp_path, "horovod"), check=False)
+    assert r.returncode == 2 and "needs Horovod" in r.stderr and "2.15.1" in r.stderr
+    assert not (tmp_path / "run" / "logs").exists()

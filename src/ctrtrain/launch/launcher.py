@@ -46,7 +46,21 @@ def host_base(run_dir: Path, host: str) -> Path:
     return run_dir / "hosts" / host
 
 
+def check_runtime(spec: JobSpec) -> None:
+    """What the mode needs installed, checked before anything starts."""
+    import importlib.util
+    if spec.topology.mode == "horovod" and importlib.util.find_spec("horovod") is None:
+        raise JobFailed("distribution mode 'horovod' needs Horovod, which is not installed here. "
+                        "Horovod 0.28.1 does not build against TensorFlow 2.21; it builds against "
+                        "tensorflow-cpu==2.15.1 (docs/cluster.md). Use mode 'allreduce' for the same "
+                        "synchronous training on TensorFlow's own collectives.")
+    if spec.topology.mode == "horovod":
+        raise JobFailed("distribution mode 'horovod' (launching through horovodrun) is not "
+                        "implemented yet; use mode 'allreduce'")
+
+
 def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dict:
+    check_runtime(spec)
     run_dir = Path(spec.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):

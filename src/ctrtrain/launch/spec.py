@@ -51,7 +51,7 @@ class JobSpec:
 
 
 _TOP_KEYS = {"name", "entry_point", "hyperparameters", "instance_groups", "distribution",
-             "channels", "output_dir", "time_limit", "watchdog"}
+             "channels", "output_dir", "time_limit", "watchdog", "pipe_epochs"}
 
 
 def _expect(cond, key, msg):
@@ -193,5 +193,6 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     _expect(tl is None or (isinstance(tl, (int, float)) and tl > 0), "time_limit", "seconds > 0")
     wd = raw.get("watchdog", 600)
     _expect(wd is None or (isinstance(wd, (int, float)) and wd > 0), "watchdog", "seconds > 0 or null")
+    pipe_epochs = _int(raw, "pipe_epochs", "job", 1)
     return JobSpec(name, EntryPoint(kind, target, args), topo, channels, hps, out, tl, wd,
-                   processing_mode=processing, spec_path=spec_path)
+                   pipe_epochs=pipe_epochs, processing_mode=processing, spec_path=spec_path)
