@@ -1,4 +1,3 @@
-import json
 import os
 
 import numpy as np
@@ -6,7 +5,7 @@ import pytest
 
 from conftest import random_rows, run_cli
 from ctrtrain.data.convert import libsvm_to_tfrecord, tfrecord_to_libsvm
-from ctrtrain.data.libsvm import Rows, format_libsvm, parse_libsvm
+from ctrtrain.data.libsvm import Rows, format_libsvm
 from ctrtrain.data.manifest import read_manifest, sha256_file
 from ctrtrain.data.tfrecord import read_rows
 from ctrtrain.errors import DataError

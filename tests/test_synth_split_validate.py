@@ -1,6 +1,4 @@
-import json
 
-import numpy as np
 import pytest
 
 from conftest import run_cli
@@ -22,7 +20,7 @@ def test_synth_is_deterministic_and_reports_the_true_bayes_auc(tmp_path):
         ma, mb = read_manifest(tmp_path / "a" / split), read_manifest(tmp_path / "b" / split)
         assert [f.sha256 for f in ma.files] == [f.sha256 for f in mb.files]
     assert a["splits"] == b["splits"]
-    c = synthesize(tmp_path / "c", SynthConfig(rows=6000, feature_size=5000, seed=4), processes=1)
+    synthesize(tmp_path / "c", SynthConfig(rows=6000, feature_size=5000, seed=4), processes=1)
     assert read_manifest(tmp_path / "c" / "test").files[0].sha256 != \
         read_manifest(tmp_path / "a" / "test").files[0].sha256
     assert sum(a["cardinalities"]) + 13 == 5000 and a["field_size"] == 39
@@ -41,7 +39,7 @@ def test_split_by_hash_and_order(tmp_path, shared):
     src = shared / "criteo_head1000" / "train.txt"
     s = split_text([str(src)], tmp_path / "h", by="hash", seed=1)
     assert sum(s["rows"].values()) == 1000 and 700 < s["rows"]["train"] < 900
-    again = split_text([str(src)], tmp_path / "h2", by="hash", seed=1)
+    split_text([str(src)], tmp_path / "h2", by="hash", seed=1)
     assert (tmp_path / "h" / "test.txt").read_bytes() == (tmp_path / "h2" / "test.txt").read_bytes()
     o = split_text([str(src)], tmp_path / "o", by="order", fractions=(0.5, 0.25, 0.25))
     assert o["rows"] == {"train": 500, "valid": 250, "test": 250}

@@ -361,7 +361,6 @@ def _run_command(sub):
 def cmd_run(a):
     from .cluster.run import resolve
     from .cluster.process_env import entry_command, process_env, server_command
-    from .cluster.sagemaker import read_resource_config
     hps = {}
     cfg_dir = os.environ.get("SM_INPUT_CONFIG_DIR", "/opt/ml/input/config")
     if os.path.exists(os.path.join(cfg_dir, "hyperparameters.json")):
@@ -397,9 +396,9 @@ def _quickstart_command(sub):
     p = sub.add_parser("quickstart", help="the main job on embedded defaults: synthesize, convert, "
                                           "train, evaluate, export")
     p.add_argument("--work-dir", default="runs/quickstart")
-    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--rows", type=int, default=600_000)
     p.add_argument("--feature-size", type=int, default=100_000)
-    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--epochs", type=float, default=1.0)
     p.set_defaults(func=cmd_quickstart)
 
 

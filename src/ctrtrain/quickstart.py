@@ -14,8 +14,8 @@ from .data.validate import describe, validate
 SPLITS = ("train", "valid", "test")
 
 
-def quickstart(work_dir: str = "runs/quickstart", rows: int = 200_000,
-               feature_size: int = 100_000, epochs: float = 3.0) -> dict:
+def quickstart(work_dir: str = "runs/quickstart", rows: int = 600_000,
+               feature_size: int = 100_000, epochs: float = 1.0) -> dict:
     work = Path(work_dir)
     print(f"[1/5] synthesizing {rows:,} Criteo-like rows into {work / 'raw'}", flush=True)
     s = synthesize(work / "raw", SynthConfig(rows=rows, feature_size=feature_size), overwrite=True)

@@ -4,7 +4,6 @@ rate of the written TFRecords with TensorFlow's vectorized parse (batch, then pa
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path

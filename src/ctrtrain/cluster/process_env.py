@@ -5,7 +5,6 @@ used by the local launcher and by `ctrtrain run`."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from .plan import Process, dispatcher_address

@@ -12,11 +12,10 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 
 from ..errors import DataError
 from ..progress import bar
-from .files import Segment, count_lines, list_inputs, read_line_blocks, split_ranges
+from .files import count_lines, list_inputs, read_line_blocks, split_ranges
 from .libsvm import BadRow, Rows, format_libsvm, parse_libsvm
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
 from .tfrecord import SUFFIX, ShardWriter

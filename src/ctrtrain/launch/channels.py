@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path

@@ -12,7 +12,6 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path

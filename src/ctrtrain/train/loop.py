@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 from pathlib import Path
 

@@ -18,7 +18,7 @@ from .export import EXTRA, INFO, VOCAB, latest_export
 def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, vocab: str | None,
             has_label: bool, batch: int):
     """Yields (labels or None, ids, values) blocks in input order."""
-    from ..data.manifest import MANIFEST_NAME, read_manifest
+    from ..data.manifest import MANIFEST_NAME
     if input_format == "auto":
         first = inputs[0]
         if os.path.isdir(first) and os.path.exists(os.path.join(first, MANIFEST_NAME)):
