@@ -207,6 +207,21 @@ def test_pipe_mode_feeds_each_host_its_share(tmp_path):
     assert got2["bytes"] == want2
 
 
+def test_pipe_mode_one_fifo_per_epoch(tmp_path):
+    (tmp_path / "epochs.py").write_text(
+        "import json, os\nch = os.environ['SM_CHANNEL_TRAINING']\n"
+        "sizes = [len(open(f'{ch}_{e}', 'rb').read()) for e in range(3)]\n"
+        "json.dump(sizes, open(os.path.join(os.environ['SM_MODEL_DIR'], 'sizes.json'), 'w'))\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "epochs", "entry_point": {"script": "epochs.py"}, "pipe_epochs": 3,
+        "instance_groups": [{"name": "g", "hosts": 1}],
+        "channels": {"training": {"path": str(EXAMPLES / "data" / "text"), "input_mode": "Pipe"}},
+        "output_dir": "run", "time_limit": 60}))
+    run_cli("launch", tmp_path / "job.yaml")
+    total = sum(f.stat().st_size for f in (EXAMPLES / "data" / "text").iterdir())
+    assert json.loads((tmp_path / "run" / "model" / "sizes.json").read_text()) == [total] * 3
+
+
 def test_second_reader_of_a_fifo_is_an_error_not_a_hang(tmp_path):
     # Two processes read the same FIFO slowly, side by side: the feeder sees both.
     (tmp_path / "two.py").write_text(

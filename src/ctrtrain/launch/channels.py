@@ -71,6 +71,13 @@ class PipeFeeder(threading.Thread):
         self.job_pids, self.on_error, self.chunk = job_pids, on_error, chunk
         self.stop = threading.Event()
         self.fed_epochs = 0
+        self._make(0)  # in place before any process starts, as in a SageMaker container
+
+    def _make(self, epoch: int) -> None:
+        path = self.fifo(epoch)
+        if path.exists():
+            path.unlink()
+        os.mkfifo(path)
 
     def fifo(self, epoch: int) -> Path:
         return self.directory / f"{self.channel}_{epoch}"
@@ -79,9 +86,6 @@ class PipeFeeder(threading.Thread):
         try:
             for epoch in range(self.epochs):
                 path = self.fifo(epoch)
-                if path.exists():
-                    path.unlink()
-                os.mkfifo(path)
                 fd = self._open_when_read(path)
                 if fd is None:
                     return
@@ -97,8 +101,11 @@ class PipeFeeder(threading.Thread):
                                 os.write(fd, block)
                                 self._check_single_reader(path)
                 finally:
-                    # A fed epoch's FIFO disappears before its reader can see EOF, so a late
-                    # second reader gets "no such file" at once instead of blocking forever.
+                    # Before the reader can see EOF: the next epoch's FIFO appears, and this
+                    # one disappears, so a late second reader gets "no such file" at once
+                    # instead of blocking forever on a FIFO nobody will write.
+                    if epoch + 1 < self.epochs:
+                        self._make(epoch + 1)
                     path.unlink(missing_ok=True)
                     os.close(fd)
                 self.fed_epochs += 1
