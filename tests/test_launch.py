@@ -117,6 +117,7 @@ def test_environment_matches_the_sagemaker_contract_key_by_key(tmp_path):
     assert tfc["task"] == {"type": "worker", "index": 3} and len(tfc["cluster"]["worker"]) == 4
     assert all(a.startswith("127.0.0.1:") for a in tfc["cluster"]["worker"])
     assert env["CTRTRAIN_DATA_SERVICE"].startswith("grpc://127.0.0.1:")
+    assert env["CTRTRAIN_DATA_SERVICE_MODE"] == "distributed_epoch"
     rc = d["resourceconfig"]
     assert rc["current_host"] == "algo-2" and rc["current_group_name"] == "train"
     assert rc["instance_groups"] == [

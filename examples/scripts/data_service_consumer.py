@@ -6,7 +6,7 @@ import os
 import tensorflow as tf
 
 service = os.environ["CTRTRAIN_DATA_SERVICE"]
-mode = os.environ.get("SM_HP_PROCESSING_MODE", "parallel_epochs")
+mode = os.environ.get("CTRTRAIN_DATA_SERVICE_MODE", "parallel_epochs")  # from the job spec
 ds = tf.data.Dataset.range(1000).map(lambda x: x * 2)
 ds = ds.apply(tf.data.experimental.service.distribute(processing_mode=mode, service=service,
                                                       job_name="shared-job"))

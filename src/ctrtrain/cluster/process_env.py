@@ -47,8 +47,3 @@ def entry_command(kind: str, target: str, args: list[str], hp_args: list[str]) -
     if kind == "module":
         return [sys.executable, "-m", target, *args, *hp_args]
     return [sys.executable, "-m", f"ctrtrain.recipes.{target}", *args, *hp_args]
-
-
-def runs_entry_point(p: Process) -> bool:
-    """Servers run ctrtrain's server; every other process runs the user's entry point."""
-    return not p.is_server

@@ -103,6 +103,8 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
         env.update(container_env(base, spec.topology, p.host, channel_modes, spec.hyperparameters,
                                  spec.name, num_cpus=cores))
         env.update(process_env(p, procs, cores))
+        if "CTRTRAIN_DATA_SERVICE" in env:
+            env["CTRTRAIN_DATA_SERVICE_MODE"] = spec.processing_mode
         if p.is_server:
             cmd = server_command()
         else:
