@@ -349,6 +349,8 @@ def _run_command(sub):
     p.add_argument("--processes-per-host", type=int, default=1)
     p.add_argument("--parameter-servers-per-host", type=int, default=1)
     p.add_argument("--data-service-group", default=None)
+    p.add_argument("--processing-mode", choices=["parallel_epochs", "distributed_epoch"],
+                   default="parallel_epochs", help="tf.data service processing mode")
     p.add_argument("--hosts", default=None, help="bare machines: comma-separated host names")
     p.add_argument("--host-index", type=int, default=None)
     p.add_argument("--script", default=None, help="entry point script (default: the deepfm recipe)")
@@ -360,7 +362,7 @@ def _run_command(sub):
 
 def cmd_run(a):
     from .cluster.run import resolve
-    from .cluster.process_env import entry_command, process_env, server_command
+    from .cluster.process_env import process_command, process_env
     hps = {}
     cfg_dir = os.environ.get("SM_INPUT_CONFIG_DIR", "/opt/ml/input/config")
     if os.path.exists(os.path.join(cfg_dir, "hyperparameters.json")):
@@ -383,8 +385,8 @@ def cmd_run(a):
     sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs")
     for p in r.processes:
         env = dict(os.environ)
-        env.update(process_env(p, r.all_processes, os.cpu_count() or 1))
-        cmd = server_command() if p.is_server else entry_command(kind, target, a.entry_args, [])
+        env.update(process_env(p, r.all_processes, os.cpu_count() or 1, a.processing_mode))
+        cmd = process_command(p, kind, target, a.entry_args, [])
         sup.start(p.label, cmd, env, server=p.is_server)
     outcome = sup.wait()
     if not outcome.ok:

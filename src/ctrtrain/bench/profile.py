@@ -22,25 +22,13 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
     except ImportError as e:  # an internal module; present in TF 2.21
         raise RuntimeError(f"this TensorFlow build has no profiler protos ({e})") from e
     from ..input.pipeline import PipelineConfig, dataset_from_dir
-    from ..models.deepfm import DeepFM, DeepFMConfig
-    from ..models.optimizers import make_optimizer
+    from ..models.deepfm import DeepFMConfig
+    from ..train.step import build_training
 
     ds, m = dataset_from_dir(data_dir, PipelineConfig())
     batches = [b for _, b in zip(range(warmup + steps), ds)]
-    model = DeepFM(DeepFMConfig(m.feature_size, m.field_size, mixed_precision=mixed_precision))
-    opt = make_optimizer("adam", 1e-3)
-    variables = model.embedding_tables + model.dense_variables()
-    opt.build(variables, tables=model.embedding_tables)
-
-    @tf.function
-    def step(b):
-        with tf.GradientTape() as tape:
-            logits, l2 = model(b["ids"], b["values"], training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-                labels=b["label"], logits=logits)) + l2
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables),
-                            unique_indices=model.unique_gradients)
-        return loss
+    _, _, step = build_training(
+        DeepFMConfig(m.feature_size, m.field_size, mixed_precision=mixed_precision), "adam", 1e-3)
 
     for b in batches[:warmup]:
         step(b).numpy()

@@ -10,7 +10,8 @@ import sys
 from .plan import Process, dispatcher_address
 
 
-def process_env(p: Process, procs: list[Process], cores: int) -> dict[str, str]:
+def process_env(p: Process, procs: list[Process], cores: int,
+                processing_mode: str = "parallel_epochs") -> dict[str, str]:
     on_host = [q for q in procs if q.host == p.host]
     env = {"CTRTRAIN_ROLE": p.role, "CTRTRAIN_TASK_INDEX": str(p.index),
            "CTRTRAIN_ADDRESS": p.address, "CTRTRAIN_HOST": p.host,
@@ -24,6 +25,7 @@ def process_env(p: Process, procs: list[Process], cores: int) -> dict[str, str]:
     d = dispatcher_address(procs)
     if d:
         env["CTRTRAIN_DATA_SERVICE"] = d
+        env["CTRTRAIN_DATA_SERVICE_MODE"] = processing_mode
     # Every TF process on a host shares its cores: split them instead of each taking all.
     share = max(1, cores // max(1, len(on_host)))
     env["TF_NUM_INTRAOP_THREADS"] = str(share)
@@ -37,11 +39,11 @@ def process_env(p: Process, procs: list[Process], cores: int) -> dict[str, str]:
     return env
 
 
-def server_command() -> list[str]:
-    return [sys.executable, "-m", "ctrtrain.cluster.server"]
-
-
-def entry_command(kind: str, target: str, args: list[str], hp_args: list[str]) -> list[str]:
+def process_command(p: Process, kind: str, target: str, args: list[str],
+                    hp_args: list[str]) -> list[str]:
+    """Servers run ctrtrain's role server; every other process runs the job's entry point."""
+    if p.is_server:
+        return [sys.executable, "-m", "ctrtrain.cluster.server"]
     if kind == "script":
         return [sys.executable, target, *args, *hp_args]
     if kind == "module":

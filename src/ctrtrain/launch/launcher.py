@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..cluster.plan import plan_cluster
-from ..cluster.process_env import entry_command, process_env, server_command
+from ..cluster.process_env import process_command, process_env
 from ..cluster.sagemaker import container_env, user_args, write_config_files
 from ..errors import CtrError
 from .channels import PipeFeeder, assign, materialize_file_channel
@@ -102,14 +102,9 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
         env = dict(os.environ)
         env.update(container_env(base, spec.topology, p.host, channel_modes, spec.hyperparameters,
                                  spec.name, num_cpus=cores))
-        env.update(process_env(p, procs, cores))
-        if "CTRTRAIN_DATA_SERVICE" in env:
-            env["CTRTRAIN_DATA_SERVICE_MODE"] = spec.processing_mode
-        if p.is_server:
-            cmd = server_command()
-        else:
-            cmd = entry_command(spec.entry_point.kind, spec.entry_point.target,
-                                spec.entry_point.args, user_args(spec.hyperparameters))
+        env.update(process_env(p, procs, cores, spec.processing_mode))
+        cmd = process_command(p, spec.entry_point.kind, spec.entry_point.target,
+                              spec.entry_point.args, user_args(spec.hyperparameters))
         sup.start(p.label, cmd, env, cwd=str(base), server=p.is_server)
     for f in feeders:
         f.start()

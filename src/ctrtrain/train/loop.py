@@ -96,10 +96,10 @@ def train(cfg: TrainConfig) -> dict:
 
     from ..data.manifest import read_manifest
     from ..input.pipeline import PipelineConfig, dataset_from_dir
-    from ..models.deepfm import DeepFM, DeepFMConfig
-    from ..models.optimizers import make_optimizer
+    from ..models.deepfm import DeepFMConfig
     from .evaluate import evaluate, make_predict_fn
     from .export import export_saved_model
+    from .step import build_training
 
     m = read_manifest(cfg.train_dir)
     steps_per_epoch = m.records // cfg.batch_size
@@ -120,12 +120,10 @@ def train(cfg: TrainConfig) -> dict:
     md = _prepare_model_dir(cfg, feature_size, m.field_size)
     tf.random.set_seed(cfg.seed)
 
-    model = DeepFM(DeepFMConfig(feature_size, m.field_size, cfg.embedding_size,
-                                tuple(cfg.deep_layers), cfg.dropout, cfg.batch_norm, cfg.l2_reg,
-                                cfg.mixed_precision, cfg.xla, cfg.seed))
-    opt = make_optimizer(cfg.optimizer, cfg.learning_rate)
-    variables = model.embedding_tables + model.dense_variables()
-    opt.build(variables, tables=model.embedding_tables)
+    model, opt, train_step = build_training(
+        DeepFMConfig(feature_size, m.field_size, cfg.embedding_size, tuple(cfg.deep_layers),
+                     cfg.dropout, cfg.batch_norm, cfg.l2_reg, cfg.mixed_precision, cfg.xla, cfg.seed),
+        cfg.optimizer, cfg.learning_rate)
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
     manager = tf.train.CheckpointManager(ckpt, str(md / "checkpoints"), max_to_keep=cfg.keep_checkpoints)
     if manager.latest_checkpoint:
@@ -141,17 +139,6 @@ def train(cfg: TrainConfig) -> dict:
                           cache=cfg.cache, seed=cfg.seed)
     ds, _ = dataset_from_dir(cfg.train_dir, pcfg, skip_batches=start_step)
     ds = ds.with_options(data_options(cfg.threads))
-
-    @tf.function
-    def train_step(batch):
-        with tf.GradientTape() as tape:
-            logits, l2 = model(batch["ids"], batch["values"], training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-                labels=batch["label"], logits=logits))
-            total = loss + l2
-        grads = tape.gradient(total, variables)
-        opt.apply_gradients(zip(grads, variables), unique_indices=model.unique_gradients)
-        return loss
 
     predict = make_predict_fn(model)
 
