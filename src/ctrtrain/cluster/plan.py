@@ -18,7 +18,6 @@ SageMaker's own PS TF_CONFIG says `master` (TF1); TF2 needs `chief`, which is wh
 from __future__ import annotations
 
 import dataclasses
-import json
 
 MODES = ("single", "parameter_server", "allreduce", "mirrored", "horovod")
 SERVER_ROLES = ("ps", "dispatcher", "data_worker")   # never exit on their own
@@ -147,7 +146,3 @@ def plan_cluster(topo: Topology, address=lambda host, slot: f"{host}:{2222 + slo
 def dispatcher_address(procs: list[Process]) -> str | None:
     d = next((p for p in procs if p.role == "dispatcher"), None)
     return f"grpc://{d.address}" if d else None
-
-
-def tf_config_json(p: Process) -> str | None:
-    return json.dumps(p.tf_config) if p.tf_config else None

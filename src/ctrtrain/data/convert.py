@@ -7,17 +7,21 @@ and the manifest is written last; on any failure every file this run wrote is re
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
 from pathlib import Path
 
-
 from ..errors import DataError
-from ..progress import bar
-from .files import count_lines, list_inputs, read_line_blocks, split_ranges
-from .libsvm import BadRow, Rows, format_libsvm, parse_libsvm
+from .files import (
+    count_lines,
+    list_inputs,
+    prepare_output_dir,
+    read_line_blocks,
+    split_ranges,
+)
+from .libsvm import BadRow, format_libsvm, parse_libsvm
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
+from .parallel import run_tasks
 from .tfrecord import SUFFIX, ShardWriter
 
 BLOCK_LINES = 50_000
@@ -25,20 +29,6 @@ BLOCK_LINES = 50_000
 
 def shard_name(i: int, n: int, suffix: str) -> str:
     return f"part-{i:05d}-of-{n:05d}{suffix}"
-
-
-def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
-    """An output directory must be new or empty, or explicitly overwritten (never mixed)."""
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise DataError("output directory is not empty (pass --overwrite to replace it)",
-                            path=str(out))
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if not os.access(out, os.W_OK):
-        raise DataError("output directory is not writable", path=str(out))
-    return out
 
 
 def _convert_shard(task):
@@ -68,26 +58,6 @@ def _convert_shard(task):
             "max_id": max_id, "positives": positives}
 
 
-def _pool(processes: int):
-    # spawn, not fork: the parent may have imported TensorFlow, which is not fork-safe.
-    return mp.get_context("spawn").Pool(processes)
-
-
-def _run_tasks(worker, tasks, processes: int, desc: str, unit_counts: list[int]):
-    """Runs tasks in a pool (or inline for one process), yielding results in task order."""
-    with bar(total=sum(unit_counts), desc=desc, unit="rows") as pb:
-        if processes <= 1 or len(tasks) <= 1:
-            for t, n in zip(tasks, unit_counts):
-                r = worker(t)
-                pb.update(n)
-                yield r
-            return
-        with _pool(min(processes, len(tasks))) as pool:
-            for r, n in zip(pool.imap(worker, tasks), unit_counts):
-                pb.update(n)
-                yield r
-
-
 def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | None = None,
                        shards: int = 8, processes: int | None = None, compression: str | None = None,
                        label_format: str = "01", max_bad_rows: int = 0, overwrite: bool = False,
@@ -107,7 +77,7 @@ def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | 
               label_format, compression, max_bad_rows) for i, segs in enumerate(runs)]
     results = []
     try:
-        for r in _run_tasks(_convert_shard, tasks, processes, "convert",
+        for r in run_tasks(_convert_shard, tasks, processes, "convert",
                             [sum(s.lines for s in segs) for segs in runs]):
             results.append(r)
             if "error" in r:
@@ -169,7 +139,7 @@ def tfrecord_to_libsvm(data_dir, out_dir, *, processes: int | None = None,
     tasks = [(src, str(out / (Path(f.path).name.split(SUFFIX)[0] + ".libsvm")), m.field_size,
               m.compression) for src, f in zip(m.paths(data_dir), m.files)]
     try:
-        entries = list(_run_tasks(_tfrecord_shard_to_libsvm, tasks, processes or os.cpu_count() or 1,
+        entries = list(run_tasks(_tfrecord_shard_to_libsvm, tasks, processes or os.cpu_count() or 1,
                                   "to libsvm", [f.records for f in m.files]))
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
@@ -179,20 +149,3 @@ def tfrecord_to_libsvm(data_dir, out_dir, *, processes: int | None = None,
                         extra={"source": str(data_dir)})
     manifest.write(out)
     return manifest
-
-
-def write_libsvm_dir(out_dir, parts: dict[str, Rows], *, field_size: int, feature_size: int,
-                     overwrite: bool = False, vocabulary: str | None = None,
-                     extra: dict | None = None) -> Manifest:
-    """Writes named blocks of rows as libsvm files with a manifest (featurize, split, synth)."""
-    out = prepare_output_dir(out_dir, overwrite)
-    entries = []
-    for name, rows in parts.items():
-        path = out / name
-        path.write_bytes(format_libsvm(rows))
-        entries.append(FileEntry(name, len(rows), path.stat().st_size, sha256_file(path)))
-    m = Manifest(format="libsvm", field_size=field_size, feature_size=feature_size, files=entries,
-                 positives=int(sum(r.labels.sum() for r in parts.values())),
-                 vocabulary=vocabulary, extra=extra or {})
-    m.write(out)
-    return m

@@ -136,8 +136,7 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
     Without `vocab_path` the vocabulary is built from these inputs (the training split)."""
     from pathlib import Path
 
-    from .convert import prepare_output_dir
-    from .files import list_inputs
+    from .files import list_inputs, prepare_output_dir
     from .libsvm import format_libsvm
     from .manifest import FileEntry, Manifest, sha256_file
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -127,3 +128,17 @@ def read_line_blocks(seg: Segment, block_lines: int):
             carry = data[cut + 1:]
             left -= n
             line += n
+
+
+def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
+    """An output directory must be new or empty, or explicitly overwritten (never mixed)."""
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise DataError("output directory is not empty (pass --overwrite to replace it)",
+                            path=str(out))
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise DataError("output directory is not writable", path=str(out))
+    return out

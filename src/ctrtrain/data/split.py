@@ -8,8 +8,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import DataError
-from .convert import prepare_output_dir
-from .files import list_inputs
+from .files import list_inputs, prepare_output_dir
 
 SPLIT_NAMES = ("train", "valid", "test")
 

@@ -16,15 +16,15 @@ import dataclasses
 import json
 import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
 from ..metrics import logloss, roc_auc
-from .convert import _run_tasks, prepare_output_dir
+from .files import prepare_output_dir
 from .libsvm import Rows, format_libsvm
 from .manifest import FileEntry, Manifest, sha256_file
+from .parallel import run_tasks
 
 # Criteo Kaggle (train.txt) distinct values of C1..C26.
 CRITEO_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
@@ -173,7 +173,7 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
             tasks.append((cfg, str(out / split / f"part-{i:05d}.libsvm"), a, b))
             owners.append(split)
     try:
-        results = list(_run_tasks(_write_file, tasks, processes or os.cpu_count() or 1, "synth",
+        results = list(run_tasks(_write_file, tasks, processes or os.cpu_count() or 1, "synth",
                                   [t[3] - t[2] for t in tasks]))
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
@@ -195,11 +195,3 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
                 bayes_logloss=logloss(labels, probs))
     (out / SYNTH_INFO).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def read_synth_info(data_dir) -> dict | None:
-    """The synth summary of a synthesized data set, looked up from any split's directory."""
-    for p in (Path(data_dir), Path(data_dir).parent):
-        if (p / SYNTH_INFO).exists():
-            return json.loads((p / SYNTH_INFO).read_text())
-    return None

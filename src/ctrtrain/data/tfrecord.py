@@ -195,6 +195,7 @@ def read_rows(path: str, field_size: int, compression: str | None = None, batch:
     """Yields Rows blocks of one TFRecord file with TensorFlow's reader. A truncated or corrupt
     file, or an Example of the wrong shape, raises DataError naming the exact record."""
     import tensorflow as tf
+
     from ..errors import DataError
     spec = feature_spec(field_size)
     ds = tf.data.TFRecordDataset(path, compression_type=tf_compression(compression))
