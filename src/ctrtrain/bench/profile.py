@@ -27,7 +27,7 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
 
     ds, m = dataset_from_dir(data_dir, PipelineConfig())
     batches = [b for _, b in zip(range(warmup + steps), ds)]
-    _, _, step = build_training(
+    _, _, step, _ = build_training(
         DeepFMConfig(m.feature_size, m.field_size, mixed_precision=mixed_precision), "adam", 1e-3)
 
     for b in batches[:warmup]:

@@ -44,15 +44,17 @@ class DeepFMConfig:
 class DeepFM(tf.Module):
     unique_gradients = True  # sparse gradients have distinct indices (see module docstring)
 
-    def __init__(self, cfg: DeepFMConfig, table_creator=None, name: str = "deepfm"):
+    def __init__(self, cfg: DeepFMConfig, name: str = "deepfm"):
+        """Create inside a strategy's scope to distribute the variables; under
+        ParameterServerStrategy with a variable partitioner the table becomes a ShardedVariable
+        (row blocks on several servers), which the lookup and the optimizer both accept."""
         super().__init__(name=name)
         self.cfg = cfg
-        make_table = table_creator or (lambda name, shape, init: tf.Variable(init(shape), name=name))
         k = cfg.embedding_size
         init_v = tf.random_normal_initializer(0.0, 0.01, seed=cfg.seed)
-        self.table = make_table("fm_table", (cfg.feature_size, 1 + k),
-                                lambda shape: tf.concat([tf.zeros(shape[:1] + (1,)),
-                                                         init_v(shape[:1] + (shape[1] - 1,))], 1))
+        self.table = tf.Variable(
+            lambda: tf.concat([tf.zeros([cfg.feature_size, 1]), init_v([cfg.feature_size, k])], 1),
+            name="fm_table", shape=(cfg.feature_size, 1 + k), dtype=tf.float32)
         self.bias = tf.Variable(0.0, name="bias")
         self.kernels, self.biases, self.bn = [], [], []
         width = cfg.field_size * (1 + k)
@@ -72,11 +74,13 @@ class DeepFM(tf.Module):
 
     @property
     def embedding_tables(self):
-        return [self.table]
+        """The table's variables: itself, or its shards when partitioned (gradients and
+        sparse updates address the shards; a ShardedVariable has no handle of its own)."""
+        return shards(self.table)
 
     def dense_variables(self):
         bn = [v for b in self.bn for v in (b.gamma, b.beta)]
-        return [self.bias] + self.kernels + self.biases + bn
+        return [v for var in [self.bias] + self.kernels + self.biases + bn for v in shards(var)]
 
     def __call__(self, ids, values, training: bool = False):
         """Returns (logits [B], l2 penalty of what this batch used)."""
@@ -119,6 +123,13 @@ class DeepFM(tf.Module):
         return tf.cast(h[:, 0], tf.float32)
 
 
+def shards(var) -> list:
+    """A ShardedVariable's shards, or [var]."""
+    if not isinstance(var, tf.Variable) and hasattr(var, "variables"):
+        return list(var.variables)
+    return [var]
+
+
 class _BatchNorm(tf.Module):
     def __init__(self, units: int, momentum: float = 0.99, eps: float = 1e-3, name=None):
         super().__init__(name=name)
@@ -131,8 +142,12 @@ class _BatchNorm(tf.Module):
     def __call__(self, h, training):
         if training:
             mean, var = tf.nn.moments(h, [0])
-            self.mean.assign(self.momentum * self.mean + (1 - self.momentum) * mean)
-            self.var.assign(self.momentum * self.var + (1 - self.momentum) * var)
+            # On the handle: under a mirrored strategy each replica keeps moving statistics of
+            # its own batches (the chief's are exported), as the optimizer updates its copy.
+            for stat, batch_value in ((self.mean, mean), (self.var, var)):
+                tf.raw_ops.AssignVariableOp(
+                    resource=stat.handle,
+                    value=self.momentum * stat + (1 - self.momentum) * batch_value)
         else:
             mean, var = self.mean, self.var
         return tf.nn.batch_normalization(h, mean, var, self.beta, self.gamma, self.eps)

@@ -2,8 +2,15 @@
 
 Gradients of looked-up tables arrive as tf.IndexedSlices; they are summed per distinct row
 and applied to those rows only (lazy Adam; TensorFlow's own sparse kernels for Adagrad, FTRL
-and momentum). Dense gradients use TensorFlow's fused kernels. Slots are created up front
-(`build`) with the same shape, so under a distribution strategy they live beside their variable.
+and momentum). Dense gradients use TensorFlow's fused kernels. Slots are created up front (`build`), each
+colocated with its variable (`colocate_vars_with`: beside its shard on a parameter server, never
+partitioned itself; mirrored where the variable is mirrored).
+
+Every update is a resource op on `var.handle`. Under a mirrored strategy (one host's devices,
+or all-reduce across workers) the handle inside a replica is that replica's own copy, so each
+replica applies the same all-reduced gradient to its copy and the copies stay equal -- no
+merge_call, and the same code serves a single process, parameter servers (plain variables and
+table shards on the servers) and Horovod (plain variables).
 """
 
 from __future__ import annotations
@@ -29,22 +36,25 @@ class Optimizer(tf.Module):
         self.slots: list[dict[str, tf.Variable]] = []
         self._index: dict[int, int] = {}
 
-    def build(self, variables, tables=(), slot_creator=None):
+    def build(self, variables, tables=()):
         """Creates the slots of each variable (call inside the strategy's scope if any).
-        `tables`: the embedding tables among them (updated sparsely)."""
-        make = slot_creator or (lambda var, name, value: tf.Variable(
-            tf.fill(var.shape, tf.constant(value, var.dtype)), trainable=False,
-            name=f"{var.name.split(':')[0]}/{name}"))
+        `tables`: the embedding tables (or table shards) among them (updated sparsely)."""
+        table_ids = {id(t) for t in tables}
         for var in variables:
             self._index[id(var)] = len(self.slots)
-            self.slots.append({n: make(var, n, self.slot_init.get(n, 0.0)) for n in self.slot_names})
+            self.slots.append({n: _slot(var, n, shape, self.slot_init.get(n, 0.0))
+                               for n, shape in self._slot_shapes(var, id(var) in table_ids)})
+
+    def _slot_shapes(self, var, is_table: bool):
+        return [(n, var.shape) for n in self.slot_names]
 
     def slot(self, var, name):
         return self.slots[self._index[id(var)]][name]
 
     def apply_gradients(self, grads_and_vars, unique_indices: bool = False):
         """`unique_indices`: sparse gradients are already summed per distinct row."""
-        self.iterations.assign_add(1)
+        raw.AssignAddVariableOp(resource=self.iterations.handle,
+                                value=tf.constant(1, self.iterations.dtype))
         for g, v in grads_and_vars:
             if g is None:
                 continue
@@ -66,16 +76,10 @@ class Adam(Optimizer):
     Both moments share one slot [rows, 2 * width] so a sparse step gathers and scatters once."""
     slot_names = ("moments",)
 
-    def build(self, variables, tables=(), slot_creator=None):
-        make = slot_creator or (lambda var, name, shape: tf.Variable(
-            tf.zeros(shape, var.dtype), trainable=False, name=f"{var.name.split(':')[0]}/{name}"))
-        table_ids = {id(t) for t in tables}
-        for var in variables:
-            self._index[id(var)] = len(self.slots)
-            if id(var) in table_ids:
-                self.slots.append({"moments": make(var, "moments", [var.shape[0], 2 * var.shape[1]])})
-            else:
-                self.slots.append({"m": make(var, "m", var.shape), "v": make(var, "v", var.shape)})
+    def _slot_shapes(self, var, is_table: bool):
+        if is_table:
+            return [("moments", [var.shape[0], 2 * var.shape[1]])]
+        return [("m", var.shape), ("v", var.shape)]
 
     def __init__(self, learning_rate=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-7, name="adam"):
         super().__init__(learning_rate, name)
@@ -98,11 +102,14 @@ class Adam(Optimizer):
         b1p, b2p = self._powers()
         lr = self.learning_rate * tf.sqrt(1 - b2p) / (1 - b1p)
         moments = self.slot(var, "moments")
-        old_m, old_v = tf.split(tf.gather(moments, rows), 2, axis=1)
+        old_m, old_v = tf.split(raw.ResourceGather(resource=moments.handle, indices=rows,
+                                                   dtype=moments.dtype), 2, axis=1)
         m_rows = self.beta1 * old_m + (1 - self.beta1) * grad
         v_rows = self.beta2 * old_v + (1 - self.beta2) * tf.square(grad)
-        moments.scatter_update(tf.IndexedSlices(tf.concat([m_rows, v_rows], 1), rows))
-        var.scatter_sub(tf.IndexedSlices(lr * m_rows / (tf.sqrt(v_rows) + self.epsilon), rows))
+        raw.ResourceScatterUpdate(resource=moments.handle, indices=rows,
+                                  updates=tf.concat([m_rows, v_rows], 1))
+        raw.ResourceScatterSub(resource=var.handle, indices=rows,
+                               updates=lr * m_rows / (tf.sqrt(v_rows) + self.epsilon))
 
 
 class Adagrad(Optimizer):
@@ -164,7 +171,15 @@ class Momentum(Optimizer):
                                             lr=self.learning_rate, grad=grad, indices=rows,
                                             momentum=self.momentum)
         else:
-            var.scatter_sub(tf.IndexedSlices(self.learning_rate * grad, rows))
+            raw.ResourceScatterSub(resource=var.handle, indices=rows,
+                                   updates=self.learning_rate * grad)
+
+
+def _slot(var, name: str, shape, value: float):
+    strategy = tf.distribute.get_strategy()
+    with strategy.extended.colocate_vars_with(var):
+        return tf.Variable(tf.fill(shape, tf.constant(value, var.dtype)), trainable=False,
+                           name=f"{var.name.split(':')[0]}/{name}")
 
 
 OPTIMIZERS = {"adam": Adam, "adagrad": Adagrad, "ftrl": Ftrl, "sgd": Momentum, "momentum": Momentum}

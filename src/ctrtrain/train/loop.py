@@ -1,6 +1,13 @@
-"""Single-process DeepFM training: a custom loop in tf.function with evaluation, checkpoints
-that resume at the same step and data position, TensorBoard summaries, a JSON-lines metrics
-file and a SavedModel export."""
+"""DeepFM training: a custom loop in tf.function with evaluation, checkpoints that resume at
+the same step and data position, TensorBoard summaries, a JSON-lines metrics file and a
+SavedModel export. One loop serves the synchronous modes (single, mirrored, allreduce,
+horovod; runtime.py says how each combines gradients); parameter servers run ps.py.
+
+In a multi-process job every process runs the same number of steps, computed from the job's
+total record count (summed over readers at start), and repeats its own part of the data as
+often as needed, so uneven shards never leave a rank waiting for the others. Only the chief
+writes: checkpoints, metrics, evaluation at the end and the export (other ranks do not wait
+for its evaluation: they have finished)."""
 
 from __future__ import annotations
 
@@ -49,6 +56,13 @@ class TrainConfig:
     xla: bool = False                 # XLA-compile the dense part of the model
     mixed_precision: bool = False
     threads: ThreadConfig = dataclasses.field(default_factory=ThreadConfig)
+    mode: str = "single"              # single | mirrored | allreduce | horovod | parameter_server
+    sparse_reduce: str = "gather"     # table gradients across replicas: gather | dense
+    scale_lr: bool = False            # learning rate x replicas (synchronous modes)
+    devices: int = 2                  # mirrored on a CPU-only host: logical CPU devices
+    data_service: str | None = None   # grpc://dispatcher: read through tf.data service
+    processing_mode: str = "parallel_epochs"
+    read_plan: object = None          # data.sharding.ReadPlan; None = read everything
     seed: int = 0
     export: bool = True
     progress: bool = True
@@ -66,8 +80,13 @@ def _check_config(cfg: TrainConfig):
         raise ConfigError("steps must be positive")
 
 
-def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int) -> Path:
+def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
+                       write: bool = True) -> Path:
+    """Checks that the directory can be written and that a model already in it has the same
+    shapes. Non-chief processes only read it (they restore the chief's checkpoints)."""
     md = Path(cfg.model_dir)
+    if not write:
+        return md
     try:
         md.mkdir(parents=True, exist_ok=True)
         probe = md / ".write-test"
@@ -75,7 +94,7 @@ def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int) -> 
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"model directory {md} is not writable: {e.strerror}") from e
-    record = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "threads"}
+    record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("threads", "read_plan")}
     record.update(feature_size=feature_size, field_size=field_size)
     record["deep_layers"] = list(cfg.deep_layers)
     prev = md / CONFIG
@@ -92,21 +111,18 @@ def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int) -> 
 def train(cfg: TrainConfig) -> dict:
     _check_config(cfg)
     threads = apply_threads(cfg.threads)
-    import tensorflow as tf
+    if cfg.mode == "parameter_server":
+        from .ps import train_parameter_server
+        return train_parameter_server(cfg, threads)
+    from .runtime import make_runtime
+    rt = make_runtime(cfg.mode, cfg.sparse_reduce, cfg.devices)
+    return _train_sync(cfg, threads, rt)
 
+
+def check_data(cfg: TrainConfig):
+    """(train manifest, table rows): the training data's, checked against the other splits."""
     from ..data.manifest import read_manifest
-    from ..input.pipeline import PipelineConfig, dataset_from_dir
-    from ..models.deepfm import DeepFMConfig
-    from .evaluate import evaluate, make_predict_fn
-    from .export import export_saved_model
-    from .step import build_training
-
     m = read_manifest(cfg.train_dir)
-    steps_per_epoch = m.records // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise ConfigError(f"batch_size {cfg.batch_size} is larger than the training set "
-                          f"({m.records} records)")
-    total_steps = cfg.steps or max(1, int(math.ceil(cfg.epochs * steps_per_epoch)))
     feature_size = cfg.feature_size or m.feature_size
     if feature_size < m.feature_size:
         raise ConfigError(f"feature_size {feature_size} is smaller than the data's {m.feature_size}")
@@ -117,50 +133,120 @@ def train(cfg: TrainConfig) -> dict:
                 raise DataError(f"field_size/feature_size ({o.field_size}/{o.feature_size}) do "
                                 f"not match the model's ({m.field_size}/{feature_size})",
                                 path=str(other))
-    md = _prepare_model_dir(cfg, feature_size, m.field_size)
-    tf.random.set_seed(cfg.seed)
+    return m, feature_size
 
-    model, opt, train_step = build_training(
-        DeepFMConfig(feature_size, m.field_size, cfg.embedding_size, tuple(cfg.deep_layers),
-                     cfg.dropout, cfg.batch_norm, cfg.l2_reg, cfg.mixed_precision, cfg.xla, cfg.seed),
-        cfg.optimizer, cfg.learning_rate)
+
+def model_config(cfg: TrainConfig, feature_size: int, field_size: int):
+    from ..models.deepfm import DeepFMConfig
+    return DeepFMConfig(feature_size, field_size, cfg.embedding_size, tuple(cfg.deep_layers),
+                        cfg.dropout, cfg.batch_norm, cfg.l2_reg, cfg.mixed_precision, cfg.xla,
+                        cfg.seed)
+
+
+def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, seed: int | None):
+    """This reader's part of the training data (cfg.read_plan), batched, repeated forever,
+    optionally through tf.data service."""
+    import tensorflow as tf
+
+    from ..input.pipeline import PipelineConfig, make_dataset
+    plan = cfg.read_plan
+    pcfg = PipelineConfig(batch_size=batch_size, shuffle_buffer=cfg.shuffle_buffer,
+                          cache=cfg.cache, seed=seed,
+                          label_format=m.label_format if m.format == "libsvm" else "01")
+    ds = make_dataset(m.paths(cfg.train_dir), m.field_size, fmt=m.format,
+                      compression=m.compression, cfg=pcfg,
+                      file_shard=plan.file_shard if plan else None,
+                      record_shard=plan.record_shard if plan else None,
+                      skip_batches=0 if cfg.data_service else skip_batches)
+    if cfg.data_service:
+        # The whole pipeline (read, shuffle, batch, parse) runs on the data-service workers;
+        # every training process of the job joins one shared job.
+        ds = ds.apply(tf.data.experimental.service.distribute(
+            processing_mode=cfg.processing_mode, service=cfg.data_service,
+            job_name=f"ctrtrain-{Path(cfg.model_dir).name}")).prefetch(tf.data.AUTOTUNE)
+    return ds.with_options(data_options(cfg.threads))
+
+
+def local_records(cfg: TrainConfig, m) -> int:
+    from ..data.sharding import ReadPlan
+    return (cfg.read_plan or ReadPlan("training")).records([f.records for f in m.files])
+
+
+def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
+    import tensorflow as tf
+
+    from .evaluate import make_predict_fn
+    from .step import build_training
+
+    m, feature_size = check_data(cfg)
+    mine = local_records(cfg, m)
+    total_records = rt.sum_over_readers(mine)
+    if mine == 0 and not cfg.data_service:
+        raise ConfigError(f"reader {rt.reader_index} of {rt.readers} has no training records "
+                          f"in {cfg.train_dir} (read plan {cfg.read_plan}); every rank needs data")
+    global_batch = cfg.batch_size * rt.replicas
+    steps_per_epoch = total_records // global_batch
+    if steps_per_epoch == 0:
+        raise ConfigError(f"the global batch ({cfg.batch_size} x {rt.replicas} replicas) is larger "
+                          f"than the training set ({total_records} records)")
+    total_steps = cfg.steps or max(1, int(math.ceil(cfg.epochs * steps_per_epoch)))
+    if cfg.eval_every and rt.readers > 1:
+        raise ConfigError(f"eval_every: in mode {cfg.mode} the chief evaluates at the end only "
+                          "(evaluating mid-training would stall the other ranks)")
+    md = _prepare_model_dir(cfg, feature_size, m.field_size, write=rt.is_chief)
+    tf.random.set_seed(cfg.seed)
+    lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
+    with rt.scope():
+        model, opt, train_step, variables = build_training(
+            model_config(cfg, feature_size, m.field_size), cfg.optimizer, lr, rt)
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
     manager = tf.train.CheckpointManager(ckpt, str(md / "checkpoints"), max_to_keep=cfg.keep_checkpoints)
     if manager.latest_checkpoint:
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
     start_step = int(opt.iterations.numpy())
-    resumed = start_step > 0
-    log = _MetricsLog(md, cfg.progress)
-    log.event("start", step=start_step, total_steps=total_steps, resumed=resumed,
-              threads=dataclasses.asdict(threads), records=m.records,
+    log = _MetricsLog(md, cfg.progress, enabled=rt.is_chief)
+    log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
+              threads=dataclasses.asdict(threads), records=total_records, mode=cfg.mode,
+              replicas=rt.replicas, readers=rt.readers, global_batch=global_batch,
               feature_size=m.feature_size, field_size=m.field_size)
-
-    pcfg = PipelineConfig(batch_size=cfg.batch_size, shuffle_buffer=cfg.shuffle_buffer,
-                          cache=cfg.cache, seed=cfg.seed)
-    ds, _ = dataset_from_dir(cfg.train_dir, pcfg, skip_batches=start_step)
-    ds = ds.with_options(data_options(cfg.threads))
-
+    # Each reader seeds its shuffle differently; resuming skips the batches already consumed.
+    data = rt.distribute(lambda: training_dataset(
+        cfg, m, cfg.batch_size, start_step * rt.replicas // max(1, rt.readers),
+        cfg.seed + 1000 * rt.reader_index))
     predict = make_predict_fn(model)
 
-    def run_eval(split_dir, name, step):
-        if not split_dir:
-            return None
-        eval_ds, _ = dataset_from_dir(split_dir, dataclasses.replace(pcfg, batch_size=8192),
-                                      training=False)
-        r = evaluate(predict, eval_ds)
-        log.event("eval", step=step, split=name, **r)
-        return r
+    def save(step):
+        if rt.is_chief:
+            manager.save(checkpoint_number=step)
+            log.event("checkpoint", step=step)
 
+    stats, stopped_early, step = _run_steps(
+        cfg, log, iter(data), train_step, start_step, total_steps, global_batch, save,
+        lambda step: _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log),
+        after_first=lambda: rt.after_first_step(variables))
+    if not rt.is_chief:
+        log.close()
+        return {"step": step, "total_steps": total_steps, "chief": False}
+    if not manager.latest_checkpoint or int(manager.latest_checkpoint.rsplit("-", 1)[1]) != step:
+        save(step)
+    return _finish(cfg, model, m, feature_size, md, predict, log, step,
+                   {"total_steps": total_steps, "resumed_from": start_step,
+                    "stopped_early": stopped_early, "mode": cfg.mode, "replicas": rt.replicas,
+                    "global_batch": global_batch, **stats})
+
+
+def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, save, evaluate,
+               after_first=lambda: None):
+    """The step loop: input wait and compute timed apart, logging, checkpoints, evaluation and
+    early stopping. Returns (stats, stopped_early, last step)."""
     best_auc, bad_evals, stopped_early = -1.0, 0, False
     wait_s = compute_s = 0.0
     windows = []
     window = {"wait": 0.0, "compute": 0.0, "steps": 0, "t": time.perf_counter(), "loss": 0.0}
     last_ckpt_time = time.monotonic()
-    saved_step = start_step if manager.latest_checkpoint else -1
-    it = iter(ds)
     step = start_step
     with bar(total=total_steps, desc="train", unit="step",
-             disable=None if cfg.progress else True) as pb:
+             disable=None if (cfg.progress and log.enabled) else True) as pb:
         pb.update(start_step)
         while step < total_steps:
             t0 = time.perf_counter()
@@ -171,6 +257,8 @@ def train(cfg: TrainConfig) -> dict:
             t1 = time.perf_counter()
             loss = train_step(batch)
             t2 = time.perf_counter()
+            if step == start_step:
+                after_first()
             step += 1
             pb.update(1)
             window["wait"] += t1 - t0
@@ -182,7 +270,7 @@ def train(cfg: TrainConfig) -> dict:
                 w = window
                 busy = w["wait"] + w["compute"]
                 stats = {"loss": w["loss"] / w["steps"], "steps": w["steps"], "seconds": now - w["t"],
-                         "examples_per_s": w["steps"] * cfg.batch_size / (now - w["t"]),
+                         "examples_per_s": w["steps"] * global_batch / (now - w["t"]),
                          "input_wait_s": w["wait"], "compute_s": w["compute"],
                          "input_bound": w["wait"] / busy if busy else 0.0}
                 windows.append({"step": step, **stats})
@@ -193,11 +281,10 @@ def train(cfg: TrainConfig) -> dict:
                 window.update(wait=0.0, compute=0.0, steps=0, t=now, loss=0.0)
             if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or \
                     (cfg.checkpoint_secs and time.monotonic() - last_ckpt_time >= cfg.checkpoint_secs):
-                manager.save(checkpoint_number=step)
-                last_ckpt_time, saved_step = time.monotonic(), step
-                log.event("checkpoint", step=step)
+                save(step)
+                last_ckpt_time = time.monotonic()
             if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
-                r = run_eval(cfg.valid_dir, "valid", step)
+                r = evaluate(step)
                 if r and cfg.early_stopping:
                     if r["auc"] > best_auc + 1e-5:
                         best_auc, bad_evals = r["auc"], 0
@@ -209,20 +296,35 @@ def train(cfg: TrainConfig) -> dict:
                             break
     wait_s += window["wait"]
     compute_s += window["compute"]
-    if saved_step != step:
-        manager.save(checkpoint_number=step)
-    result = {"step": step, "total_steps": total_steps, "resumed_from": start_step,
-              "stopped_early": stopped_early,
-              "input_wait_s": wait_s, "compute_s": compute_s,
-              "input_bound": wait_s / (wait_s + compute_s) if wait_s + compute_s else 0.0,
-              "windows": windows}
-    result["valid"] = run_eval(cfg.valid_dir, "valid", step)
-    result["test"] = run_eval(cfg.test_dir, "test", step)
+    stats = {"input_wait_s": wait_s, "compute_s": compute_s,
+             "input_bound": wait_s / (wait_s + compute_s) if wait_s + compute_s else 0.0,
+             "windows": windows}
+    return stats, stopped_early, step
+
+
+def _evaluate(cfg: TrainConfig, predict, split_dir, name, step, log):
+    if not split_dir:
+        return None
+    from ..input.pipeline import PipelineConfig, dataset_from_dir
+    from .evaluate import evaluate
+    eval_ds, _ = dataset_from_dir(split_dir, PipelineConfig(batch_size=8192), training=False)
+    r = evaluate(predict, eval_ds)
+    log.event("eval", step=step, split=name, **r)
+    return r
+
+
+def _finish(cfg: TrainConfig, model, m, feature_size, md: Path, predict, log, step, result) -> dict:
+    """The chief's end of training: final evaluation, export, result.json."""
+    from .export import export_saved_model
+    result = {"step": step, **result}
+    result["valid"] = _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log)
+    result["test"] = _evaluate(cfg, predict, cfg.test_dir, "test", step, log)
     if cfg.export:
         vocab = str(Path(cfg.train_dir) / m.vocabulary) if m.vocabulary else None
         result["export"] = export_saved_model(
             model, md / "export", step, {"field_size": m.field_size, "feature_size": feature_size,
-                                         "step": step, "test": result["test"]}, vocab)
+                                         "step": step, "test": result["test"], "mode": cfg.mode},
+            vocab)
         log.event("export", step=step, path=result["export"])
     (md / RESULT).write_text(json.dumps(result, indent=2) + "\n")
     log.close()
@@ -232,14 +334,18 @@ def train(cfg: TrainConfig) -> dict:
 class _MetricsLog:
     """metrics.jsonl (one JSON object per event), TensorBoard scalars, and console lines."""
 
-    def __init__(self, model_dir: Path, console: bool):
+    def __init__(self, model_dir: Path, console: bool, enabled: bool = True):
         import tensorflow as tf
-        self.f = open(model_dir / METRICS, "a")
-        self.writer = tf.summary.create_file_writer(str(model_dir / "logs"))
-        self.console = console
+        self.enabled = enabled    # only the chief of a job writes
+        self.console = console and enabled
+        if enabled:
+            self.f = open(model_dir / METRICS, "a")
+            self.writer = tf.summary.create_file_writer(str(model_dir / "logs"))
 
     def event(self, kind: str, step: int, **fields):
         import tensorflow as tf
+        if not self.enabled:
+            return
         rec = {"event": kind, "step": step, "time": time.time(), **fields}
         self.f.write(json.dumps(rec, default=_jsonable) + "\n")
         self.f.flush()
@@ -252,8 +358,9 @@ class _MetricsLog:
             print(f"[{kind}] step {step} {shown}", flush=True)
 
     def close(self):
-        self.f.close()
-        self.writer.close()
+        if self.enabled:
+            self.f.close()
+            self.writer.close()
 
 
 def _fmt(v):

@@ -1,5 +1,5 @@
-"""The model, its optimizer and the compiled training step, built in one place so training,
-the benchmark and the profiler run exactly the same step."""
+"""The model, its optimizer and the compiled training step, built in one place so training
+(every synchronous mode), the benchmark and the profiler run exactly the same step."""
 
 from __future__ import annotations
 
@@ -9,22 +9,36 @@ from ..models.deepfm import DeepFM, DeepFMConfig
 from ..models.optimizers import make_optimizer
 
 
-def build_training(model_cfg: DeepFMConfig, optimizer: str, learning_rate: float):
-    """(model, optimizer, train_step): train_step(batch) applies one update, returns the loss."""
+def build_training(model_cfg: DeepFMConfig, optimizer: str, learning_rate: float, runtime=None,
+                   compile_step: bool = True):
+    """(model, opt, train_step, variables); train_step(batch) applies one update and returns
+    the mean loss. Call inside runtime.scope(). `runtime` (train/runtime.py) says how replicas
+    combine gradients; None = one process, one replica. With compile_step=False the step is
+    the per-replica function, for callers that schedule it themselves (parameter servers)."""
     model = DeepFM(model_cfg)
     opt = make_optimizer(optimizer, learning_rate)
     variables = model.embedding_tables + model.dense_variables()
     opt.build(variables, tables=model.embedding_tables)
+    replicas = runtime.replicas if runtime else 1
+    # After a cross-replica reduction a table's gradient rows may repeat (one set per replica).
+    unique = model.unique_gradients and replicas == 1
 
-    @tf.function
-    def train_step(batch):
+    def replica_step(batch):
         with tf.GradientTape() as tape:
             logits, l2 = model(batch["ids"], batch["values"], training=True)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
                 labels=batch["label"], logits=logits))
-            total = loss + l2  # inside the tape: the sum must be recorded to be differentiated
+            # Inside the tape: the sum must be recorded to be differentiated. Divided by the
+            # replicas so that SUM-reduced gradients are those of the global batch's mean loss.
+            total = (loss + l2) / replicas
         grads = tape.gradient(total, variables)
-        opt.apply_gradients(zip(grads, variables), unique_indices=model.unique_gradients)
+        if runtime is not None:
+            grads = runtime.reduce_gradients(grads)
+        opt.apply_gradients(zip(grads, variables), unique_indices=unique)
         return loss
 
-    return model, opt, train_step
+    if not compile_step:
+        return model, opt, replica_step, variables
+    if runtime is None:
+        return model, opt, tf.function(replica_step), variables
+    return model, opt, tf.function(lambda batch: runtime.run(replica_step, batch)), variables

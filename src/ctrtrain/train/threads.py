@@ -22,10 +22,14 @@ class ThreadConfig:
 
     def resolved(self, cores: int | None = None) -> "ThreadConfig":
         cores = cores or _usable_cores()
-        return ThreadConfig(intra_op=self.intra_op or cores,
-                            inter_op=self.inter_op or max(2, min(4, cores // 2)),
-                            data=self.data or max(1, cores // 2),
-                            omp=self.omp or cores)
+        # A launched process gets its share of the host in TF_NUM_*_THREADS (process_env.py).
+        env = lambda k: int(os.environ.get(k, "0") or 0)  # noqa: E731
+        intra = self.intra_op or env("TF_NUM_INTRAOP_THREADS") or cores
+        return ThreadConfig(intra_op=intra,
+                            inter_op=self.inter_op or env("TF_NUM_INTEROP_THREADS")
+                            or max(2, min(4, cores // 2)),
+                            data=self.data or max(1, intra // 2),
+                            omp=self.omp or env("OMP_NUM_THREADS") or intra)
 
 
 def _usable_cores() -> int:

@@ -1,0 +1,101 @@
+"""Who reads what: decided once, here, for every mode and channel layout.
+
+The inputs are those of the public SageMaker DeepFM sample's 4-case table: the channel's S3
+distribution (ShardedByS3Key: each host already holds a disjoint part; FullyReplicated: every
+host holds everything), whether each worker of a host has its own channel (`training_0`,
+`training_1`, ... -- channel k holds local worker k's part of the data), the hosts, the workers
+per host and the reader's place among them.
+
+| S3 distribution  | channel per worker | worker (host h, local rank k) reads              |
+|------------------|--------------------|--------------------------------------------------|
+| ShardedByS3Key   | yes                | all of its channel `training_k` on its host       |
+| ShardedByS3Key   | no                 | part k of workers_per_host of its host's files   |
+| FullyReplicated  | yes                | part h of hosts of its channel `training_k`       |
+| FullyReplicated  | no                 | part (h*workers_per_host + k) of all workers     |
+
+A "part" is a file shard when there are at least as many files as parts (files are not read
+twice), else a record shard (every n-th record; each reader scans all files). Pipe mode has
+no files, only a stream: a part is always a record shard, and a FIFO has one reader, so several
+workers on a host need a channel each. Either way every example is read exactly once per epoch
+across the job (tests/test_sharding.py reads all four cases and checks it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from ..errors import ConfigError
+
+DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadPlan:
+    channel: str                             # the channel this reader opens
+    file_shard: tuple[int, int] | None = None    # (count, index) over the channel's files
+    record_shard: tuple[int, int] | None = None  # (count, index) over its records
+
+    def records(self, file_records: list[int]) -> int:
+        """How many records this reader gets, given its channel's per-file record counts."""
+        if self.file_shard:
+            n, i = self.file_shard
+            return sum(file_records[i::n])
+        if self.record_shard:
+            n, i = self.record_shard
+            total = sum(file_records)
+            return max(0, (total - i + n - 1) // n)
+        return sum(file_records)
+
+
+def plan_reads(*, channel: str, distribution: str, input_mode: str, hosts: int, host_index: int,
+               workers_per_host: int, local_rank: int, channel_per_worker: bool,
+               files: int | None) -> ReadPlan:
+    """`files`: how many files the reader's channel holds on its host (None in Pipe mode)."""
+    if distribution not in DISTRIBUTIONS:
+        raise ConfigError(f"channel {channel}: unknown S3 distribution {distribution!r}")
+    if not (0 <= host_index < hosts and 0 <= local_rank < workers_per_host):
+        raise ConfigError(f"reader (host {host_index}, local rank {local_rank}) is outside "
+                          f"{hosts} hosts x {workers_per_host} workers")
+    if input_mode == "Pipe" and workers_per_host > 1 and not channel_per_worker:
+        raise ConfigError(f"channel {channel}: Pipe mode with {workers_per_host} workers per host "
+                          "needs one channel per worker (a FIFO has one reader)")
+    name = f"{channel}_{local_rank}" if channel_per_worker else channel
+    if distribution == "ShardedByS3Key":
+        parts, part = (1, 0) if channel_per_worker else (workers_per_host, local_rank)
+    elif channel_per_worker:
+        parts, part = hosts, host_index
+    else:
+        parts, part = hosts * workers_per_host, host_index * workers_per_host + local_rank
+    if parts == 1:
+        return ReadPlan(name)
+    if input_mode == "File" and files is not None and files >= parts:
+        return ReadPlan(name, file_shard=(parts, part))
+    return ReadPlan(name, record_shard=(parts, part))
+
+
+def plan_from_env(channel: str = "training", environ=os.environ) -> ReadPlan:
+    """plan_reads for this process, from the SageMaker environment (SM_*) and its local rank."""
+    hosts = json.loads(environ.get("SM_CURRENT_INSTANCE_GROUP_HOSTS") or
+                       environ.get("SM_HOSTS") or '["localhost"]')
+    me = environ.get("SM_CURRENT_HOST", hosts[0])
+    channels = json.loads(environ.get("SM_CHANNELS", "[]"))
+    per_worker = f"{channel}_0" in channels
+    first = f"{channel}_0" if per_worker else channel
+    config = json.loads(environ.get("SM_INPUT_DATA_CONFIG", "{}")).get(first, {})
+    local_rank = int(environ.get("LOCAL_RANK", environ.get("HOROVOD_LOCAL_RANK", "0")))
+    workers_per_host = int(environ.get("LOCAL_SIZE", environ.get("HOROVOD_LOCAL_SIZE", "1")))
+    name = f"{channel}_{local_rank}" if per_worker else channel
+    path = environ.get(f"SM_CHANNEL_{name.upper()}")
+    input_mode = config.get("TrainingInputMode", "File")
+    files = None
+    if input_mode == "File" and path:
+        from .files import list_inputs
+        from .manifest import MANIFEST_NAME, read_manifest
+        files = len(read_manifest(path).files) if os.path.exists(os.path.join(path, MANIFEST_NAME)) \
+            else len(list_inputs([path]))
+    return plan_reads(channel=channel, distribution=config.get("S3DistributionType", "FullyReplicated"),
+                      input_mode=input_mode, hosts=len(hosts), host_index=hosts.index(me),
+                      workers_per_host=workers_per_host, local_rank=local_rank,
+                      channel_per_worker=per_worker, files=files)

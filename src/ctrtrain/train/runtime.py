@@ -1,0 +1,155 @@
+"""How a training process takes part in its job, per distribution mode: which strategy holds
+the variables, how gradients are combined, who this process is (reader index, chief).
+
+- single: no strategy, one replica.
+- mirrored: MirroredStrategy over this host's devices (GPUs, or logical CPUs where there are
+  none), one input pipeline, one replica per device.
+- allreduce: MultiWorkerMirroredStrategy (RING collectives on CPU, NCCL on GPU), one replica per
+  process, cluster from TF_CONFIG.
+- horovod: Horovod's allreduce/allgather, one process per slot, ranks from horovodrun.
+- parameter_server: see ps.py (asynchronous, a coordinator; not a replica loop).
+
+The synchronous modes share one step: each replica's loss is divided by the number of replicas
+and the gradients are SUM-reduced, which is the gradient of the mean loss over the global
+batch (per-replica batch x replicas). Sparse table gradients are either all-gathered as
+IndexedSlices (`gather`: bytes ~ rows the batch touched) or densified and all-reduced (`dense`:
+bytes ~ the whole table); `docs/benchmarks.md` has both measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+
+from ..errors import ConfigError
+
+SYNC_MODES = ("single", "mirrored", "allreduce", "horovod")
+SPARSE_REDUCE = ("gather", "dense")
+
+
+def detect_mode(environ=os.environ) -> str:
+    """The job's mode: CTRTRAIN_MODE (set by the launcher and `ctrtrain run`), else what the
+    environment implies (horovodrun's ranks, TF_CONFIG with or without parameter servers)."""
+    if environ.get("CTRTRAIN_MODE"):
+        return environ["CTRTRAIN_MODE"]
+    if "HOROVOD_RANK" in environ or "OMPI_COMM_WORLD_RANK" in environ:
+        return "horovod"
+    if environ.get("TF_CONFIG"):
+        cluster = json.loads(environ["TF_CONFIG"]).get("cluster", {})
+        if "ps" in cluster:
+            return "parameter_server"
+        if len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1:
+            return "allreduce"
+    return "single"
+
+
+@dataclasses.dataclass
+class Runtime:
+    mode: str
+    strategy: tf.distribute.Strategy | None = None
+    replicas: int = 1            # replicas in one synchronous step
+    readers: int = 1             # input pipelines in the job (processes reading data)
+    reader_index: int = 0
+    is_chief: bool = True
+    sparse_reduce: str = "gather"
+    hvd: object = None           # horovod.tensorflow, in mode horovod
+
+    def scope(self):
+        return self.strategy.scope() if self.strategy else contextlib.nullcontext()
+
+    # -- inside a replica -------------------------------------------------------------------
+    def reduce_gradients(self, grads: list) -> list:
+        """SUM over replicas (each replica's loss already divided by `replicas`)."""
+        if self.replicas == 1:
+            return grads
+        if self.sparse_reduce == "dense":
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        if self.hvd is not None:
+            # IndexedSlices are all-gathered by horovod, dense tensors all-reduced.
+            return [self.hvd.allreduce(g, op=self.hvd.Sum) if g is not None else None
+                    for g in grads]
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+
+    # -- around the step ----------------------------------------------------------------------
+    def distribute(self, make_dataset):
+        """An iterable of per-replica batches. make_dataset() builds this process's input
+        (already sharded and batched per replica); under a strategy each replica takes its
+        own batches from it (no re-batching, no auto-sharding: the sharding plan decided)."""
+        if self.strategy is None:
+            return make_dataset()
+        return self.strategy.distribute_datasets_from_function(lambda ctx: make_dataset())
+
+    def run(self, replica_fn, batch):
+        """replica_fn(batch) -> loss on every replica; returns the mean loss (call in tf.function)."""
+        if self.strategy is None:
+            return replica_fn(batch)
+        per_replica = self.strategy.run(replica_fn, args=(batch,))
+        return self.strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    def sum_over_readers(self, value: int) -> int:
+        """The sum of an integer over every reading process (a collective: all must call)."""
+        if self.readers == 1:
+            return value
+        if self.hvd is not None:
+            return int(self.hvd.allreduce(tf.constant(value, tf.int64), op=self.hvd.Sum).numpy())
+        per_replica = self.strategy.run(lambda: tf.constant(value, tf.int64))
+        return int(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy())
+
+    def after_first_step(self, variables):
+        """Horovod starts every rank from rank 0's variables (strategies do this themselves)."""
+        if self.hvd is not None:
+            self.hvd.broadcast_variables(variables, root_rank=0)
+
+
+def logical_cpus(n: int) -> list[str]:
+    """Splits the host CPU into n logical devices (before TensorFlow initializes them)."""
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+    except RuntimeError as e:
+        raise ConfigError(f"cannot create {n} logical CPU devices after TensorFlow started: {e}") from e
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def make_runtime(mode: str, sparse_reduce: str = "gather", devices: int = 2,
+                 environ=os.environ) -> Runtime:
+    if sparse_reduce not in SPARSE_REDUCE:
+        raise ConfigError(f"sparse_reduce must be one of {', '.join(SPARSE_REDUCE)}, not {sparse_reduce!r}")
+    if mode == "single":
+        return Runtime("single")
+    if mode == "mirrored":
+        gpus = tf.config.list_physical_devices("GPU")
+        names = [f"/gpu:{i}" for i in range(len(gpus))] if gpus else logical_cpus(devices)
+        strategy = tf.distribute.MirroredStrategy(
+            names, cross_device_ops=None if gpus else tf.distribute.ReductionToOneDevice())
+        return Runtime("mirrored", strategy, strategy.num_replicas_in_sync,
+                       sparse_reduce=sparse_reduce)
+    if mode == "allreduce":
+        if not environ.get("TF_CONFIG"):
+            raise ConfigError("mode allreduce needs TF_CONFIG (set by `ctrtrain launch` / `ctrtrain run`)")
+        impl = (tf.distribute.experimental.CommunicationImplementation.NCCL
+                if tf.config.list_physical_devices("GPU")
+                else tf.distribute.experimental.CommunicationImplementation.RING)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
+        cfg = json.loads(environ["TF_CONFIG"])
+        chiefs = len(cfg["cluster"].get("chief", []))
+        workers = chiefs + len(cfg["cluster"].get("worker", []))
+        index = int(cfg["task"]["index"]) + (chiefs if cfg["task"]["type"] == "worker" else 0)
+        return Runtime("allreduce", strategy, strategy.num_replicas_in_sync, workers, index,
+                       is_chief=index == 0, sparse_reduce=sparse_reduce)
+    if mode == "horovod":
+        try:
+            import horovod.tensorflow as hvd
+        except ImportError as e:
+            raise ConfigError("mode horovod needs Horovod (see scripts/horovod_env.sh)") from e
+        hvd.init()
+        return Runtime("horovod", None, hvd.size(), hvd.size(), hvd.rank(),
+                       is_chief=hvd.rank() == 0, sparse_reduce=sparse_reduce, hvd=hvd)
+    raise ConfigError(f"mode {mode!r} has no synchronous runtime (allowed: {', '.join(SYNC_MODES)})")
