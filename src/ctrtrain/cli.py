@@ -385,7 +385,7 @@ def cmd_run(a):
     sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs")
     for p in r.processes:
         env = dict(os.environ)
-        env.update(process_env(p, r.all_processes, os.cpu_count() or 1, a.processing_mode))
+        env.update(process_env(p, r.all_processes, os.cpu_count() or 1, a.processing_mode, mode))
         cmd = process_command(p, kind, target, a.entry_args, [])
         sup.start(p.label, cmd, env, server=p.is_server)
     outcome = sup.wait()

@@ -11,17 +11,18 @@ from .plan import Process, dispatcher_address
 
 
 def process_env(p: Process, procs: list[Process], cores: int,
-                processing_mode: str = "parallel_epochs") -> dict[str, str]:
+                processing_mode: str = "parallel_epochs", mode: str = "single") -> dict[str, str]:
     on_host = [q for q in procs if q.host == p.host]
-    env = {"CTRTRAIN_ROLE": p.role, "CTRTRAIN_TASK_INDEX": str(p.index),
+    env = {"CTRTRAIN_MODE": mode, "CTRTRAIN_ROLE": p.role, "CTRTRAIN_TASK_INDEX": str(p.index),
            "CTRTRAIN_ADDRESS": p.address, "CTRTRAIN_HOST": p.host,
            "LOCAL_RANK": str(p.local_rank),
            "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CTRTRAIN_NO_PROGRESS": "1"}
     if p.tf_config:
         env["TF_CONFIG"] = json.dumps(p.tf_config)
     if p.rank is not None:
-        env.update(RANK=str(p.rank), WORLD_SIZE=str(p.world_size),
-                   LOCAL_SIZE=str(sum(1 for q in on_host if q.rank is not None)))
+        env.update(RANK=str(p.rank), WORLD_SIZE=str(p.world_size))
+    # Training processes (readers) on this host: the sharding plan's workers per host.
+    env["LOCAL_SIZE"] = str(sum(1 for q in on_host if q.role == "worker"))
     d = dispatcher_address(procs)
     if d:
         env["CTRTRAIN_DATA_SERVICE"] = d

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -46,17 +47,23 @@ def host_base(run_dir: Path, host: str) -> Path:
     return run_dir / "hosts" / host
 
 
+def horovodrun() -> str | None:
+    """horovodrun beside this Python (its venv), else on PATH."""
+    beside = Path(sys.executable).parent / "horovodrun"
+    return str(beside) if beside.exists() else shutil.which("horovodrun")
+
+
 def check_runtime(spec: JobSpec) -> None:
     """What the mode needs installed, checked before anything starts."""
     import importlib.util
-    if spec.topology.mode == "horovod" and importlib.util.find_spec("horovod") is None:
-        raise JobFailed("distribution mode 'horovod' needs Horovod, which is not installed here. "
-                        "Horovod 0.28.1 does not build against TensorFlow 2.21; it builds against "
-                        "tensorflow-cpu==2.15.1 (docs/cluster.md). Use mode 'allreduce' for the same "
-                        "synchronous training on TensorFlow's own collectives.")
-    if spec.topology.mode == "horovod":
-        raise JobFailed("distribution mode 'horovod' (launching through horovodrun) is not "
-                        "implemented yet; use mode 'allreduce'")
+    if spec.topology.mode == "horovod" and (importlib.util.find_spec("horovod") is None
+                                            or horovodrun() is None):
+        raise JobFailed("distribution mode 'horovod' needs Horovod (and its horovodrun), which is "
+                        "not installed in this Python. Horovod 0.28.1 does not build against "
+                        "TensorFlow 2.21; `bash scripts/horovod_env.sh` builds it against "
+                        "tensorflow-cpu==2.15.1 in .venv-hvd (run the launch from there). Or use "
+                        "mode 'allreduce' for the same synchronous training on TensorFlow's own "
+                        "collectives.")
 
 
 def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dict:
@@ -88,6 +95,12 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
         base = host_base(run_dir, host)
         for sub in ("model", "output/data", "output/intermediate", "input/data"):
             (base / sub).mkdir(parents=True, exist_ok=True)
+        # /opt/ml/checkpoints: SageMaker syncs every host's copy with one S3 prefix, so a
+        # re-launched job restores the same checkpoint everywhere; here they are one directory.
+        shared_ckpt = run_dir / "checkpoints"
+        shared_ckpt.mkdir(exist_ok=True)
+        if not (base / "checkpoints").is_symlink():
+            (base / "checkpoints").symlink_to(shared_ckpt.resolve(), target_is_directory=True)
         write_config_files(base, spec.topology, host, channel_modes, spec.hyperparameters)
         for ch in spec.channels.values():
             files = shares[ch.name].get(host, [])
@@ -97,15 +110,22 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
                 feeders.append(PipeFeeder(base / "input" / "data", ch.name, files,
                                           spec.pipe_epochs, sup.pids, sup.report_error))
     started = time.time()
+    ranks = []
     for p in procs:
         base = host_base(run_dir, p.host)
         env = dict(os.environ)
         env.update(container_env(base, spec.topology, p.host, channel_modes, spec.hyperparameters,
                                  spec.name, num_cpus=cores))
-        env.update(process_env(p, procs, cores, spec.processing_mode))
+        env.update(process_env(p, procs, cores, spec.processing_mode, spec.topology.mode))
         cmd = process_command(p, spec.entry_point.kind, spec.entry_point.target,
                               spec.entry_point.args, user_args(spec.hyperparameters))
-        sup.start(p.label, cmd, env, cwd=str(base), server=p.is_server)
+        if spec.topology.mode == "horovod" and not p.is_server:
+            ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": str(base)})
+        else:
+            sup.start(p.label, cmd, env, cwd=str(base), server=p.is_server)
+    if ranks:
+        sup.start("horovodrun", horovod_command(ranks, run_dir), dict(os.environ),
+                  cwd=str(run_dir), server=False)
     for f in feeders:
         f.start()
     try:
@@ -126,6 +146,18 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
         msg = "\n".join([f"job {spec.name} failed: {outcome.reason}", *outcome.tail])
         raise JobFailed(msg)
     return summary
+
+
+def horovod_command(ranks: list[dict], run_dir: Path) -> list[str]:
+    """horovodrun (Gloo) starts one process per rank on localhost; each becomes its simulated
+    host's process through ctrtrain.launch.hvd_rank, which takes the environment the launcher
+    prepared for that rank (horovodrun gives every rank the same environment)."""
+    table = run_dir / "logs" / "horovod-ranks.json"
+    table.write_text(json.dumps(ranks))
+    n = len(ranks)
+    return [horovodrun(), "--gloo", "-np", str(n), "-H", f"localhost:{n}",
+            "--network-interface", "lo", sys.executable, "-m", "ctrtrain.launch.hvd_rank",
+            str(table)]
 
 
 def collect_model(model_dir: Path, run_dir: Path) -> str:

@@ -1,8 +1,12 @@
 """The DeepFM recipe as a SageMaker-style entry point: data from SM_CHANNEL_TRAINING (and
 VALIDATION / TEST if present), hyperparameters as `--key value` arguments, the SavedModel
-written to SM_MODEL_DIR. Checkpoints go to <SM_OUTPUT_DIR>/../checkpoints so a re-launched
-job resumes. This issue's scope is one training process (mode `single`); the distributed
-modes come with the strategies that run them."""
+written to SM_MODEL_DIR. Checkpoints go to <SM_OUTPUT_DIR>/../checkpoints (SageMaker's
+/opt/ml/checkpoints, shared by every host of the job) so a re-launched job resumes.
+
+Every distribution mode runs this same entry point: the mode comes from the environment
+(CTRTRAIN_MODE, TF_CONFIG or horovodrun's ranks; train/runtime.py), this process's part of the
+training channel from the sharding plan (data/sharding.py), and tf.data service from
+CTRTRAIN_DATA_SERVICE. Only the chief exports."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ def parse_hyperparameters(argv):
     p = argparse.ArgumentParser(prog="deepfm recipe")
     for f in dataclasses.fields(TrainConfig):
         if f.name in ("train_dir", "model_dir", "valid_dir", "test_dir", "threads", "progress",
-                      "SHAPE_FIELDS"):
+                      "SHAPE_FIELDS", "mode", "read_plan", "data_service", "processing_mode"):
             continue
         default = getattr(d, f.name)
         if isinstance(default, bool):
@@ -38,22 +42,29 @@ def parse_hyperparameters(argv):
 
 def main(argv=None) -> int:
     env = os.environ
-    if env.get("CTRTRAIN_ROLE") not in (None, "worker") or int(env.get("WORLD_SIZE", "1")) > 1:
-        print("the deepfm recipe runs one training process (distribution mode 'single'); "
-              "distributed modes are not available yet", file=sys.stderr)
-        return 2
     hp = parse_hyperparameters(argv if argv is not None else sys.argv[1:])
+    from ..data.sharding import plan_from_env
     from ..train.loop import TrainConfig, train
+    from ..train.runtime import detect_mode
     channel = lambda name: env.get(f"SM_CHANNEL_{name}")  # noqa: E731
-    if not channel("TRAINING"):
+    mode = detect_mode(env)
+    plan = None if mode in ("single", "mirrored", "parameter_server") else plan_from_env("training", env)
+    train_dir = channel(plan.channel.upper()) if plan else channel("TRAINING")
+    if not train_dir:
         print("no training channel (SM_CHANNEL_TRAINING)", file=sys.stderr)
         return 2
     output = Path(env.get("SM_OUTPUT_DIR", "output"))
     ckpt_dir = output.parent / "checkpoints"
-    cfg = TrainConfig(train_dir=channel("TRAINING"), valid_dir=channel("VALIDATION"),
+    cfg = TrainConfig(train_dir=train_dir, valid_dir=channel("VALIDATION"),
                       test_dir=channel("TEST"), model_dir=str(ckpt_dir), progress=False,
+                      mode=mode, read_plan=plan, data_service=env.get("CTRTRAIN_DATA_SERVICE"),
+                      processing_mode=env.get("CTRTRAIN_DATA_SERVICE_MODE", "parallel_epochs"),
                       **{k: v for k, v in vars(hp).items()})
+    if plan:
+        print(f"reading {plan}", flush=True)
     r = train(cfg)
+    if not r.get("chief", True):
+        return 0
     model_dir = Path(env.get("SM_MODEL_DIR", "model"))
     if r.get("export"):
         dest = model_dir / "export" / Path(r["export"]).name

@@ -149,7 +149,10 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     import tensorflow as tf
 
     from ..input.pipeline import PipelineConfig, make_dataset
-    plan = cfg.read_plan
+    # Through tf.data service every consumer registers the same dataset (all of it, one seed):
+    # the service decides who gets what (distributed_epoch: each element once).
+    plan = None if cfg.data_service else cfg.read_plan
+    seed = cfg.seed if cfg.data_service else seed
     pcfg = PipelineConfig(batch_size=batch_size, shuffle_buffer=cfg.shuffle_buffer,
                           cache=cfg.cache, seed=seed,
                           label_format=m.label_format if m.format == "libsvm" else "01")
@@ -180,7 +183,7 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
 
     m, feature_size = check_data(cfg)
     mine = local_records(cfg, m)
-    total_records = rt.sum_over_readers(mine)
+    total_records = m.records if cfg.data_service else rt.sum_over_readers(mine)
     if mine == 0 and not cfg.data_service:
         raise ConfigError(f"reader {rt.reader_index} of {rt.readers} has no training records "
                           f"in {cfg.train_dir} (read plan {cfg.read_plan}); every rank needs data")

@@ -1,0 +1,143 @@
+"""Asynchronous training with parameter servers (TF2 ParameterServerStrategy).
+
+This process is the chief (the coordinator): it creates the variables on the parameter
+servers, builds a dataset on every worker (`create_per_worker_dataset`), and schedules steps
+that the workers run against the servers, each at its own pace. The chief logs, checkpoints,
+evaluates and exports; a worker that dies is left out and its scheduled steps go to the others
+(the ClusterCoordinator's own fault handling).
+
+Load balance: the embedding table is partitioned in row blocks over every parameter server
+(a ShardedVariable; see table_partitioner), and the small dense variables are placed round-robin,
+so no server holds a whole big table. The bytes per server are printed at start.
+
+Data: the coordinator traces one dataset function for all workers, so a worker cannot learn
+its own index inside it. Each worker therefore reads the whole training set in its own random
+order (TensorFlow's recommended setup: repeat indefinitely, schedule a fixed number of steps);
+the step count is that of the configured epochs over the whole set. Exactly-once reading per
+epoch across workers is what tf.data service's `distributed_epoch` mode adds (the data-service
+example spec). Asynchronous updates are noisier than synchronous ones: a smaller learning rate
+may be needed for the same quality (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+
+import tensorflow as tf
+
+from ..errors import ConfigError
+from .loop import (_MetricsLog, _evaluate, _finish, _prepare_model_dir, check_data,
+                   model_config, training_dataset)
+
+MIN_SHARD_BYTES = 256 << 10   # below this a variable stays whole on one server
+
+
+def table_partitioner(num_ps: int, min_bytes: int = MIN_SHARD_BYTES):
+    """Row-partitions every variable of at least `min_bytes` over all `num_ps` servers."""
+    def partition(shape, dtype):
+        nbytes = shape.num_elements() * dtype.size
+        if num_ps > 1 and nbytes >= min_bytes and shape[0] >= num_ps:
+            return [num_ps] + [1] * (shape.rank - 1)
+        return [1] * shape.rank
+    return partition
+
+
+def bytes_per_server(variables) -> dict[str, int]:
+    out: collections.Counter = collections.Counter()
+    for v in variables:
+        spec = tf.DeviceSpec.from_string(v.device)
+        out[f"/job:{spec.job}/task:{spec.task}"] += v.shape.num_elements() * v.dtype.size
+    return dict(sorted(out.items()))
+
+
+def train_parameter_server(cfg, threads) -> dict:
+    from .evaluate import make_predict_fn
+    from .step import build_training
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    cluster = resolver.cluster_spec()
+    if "ps" not in cluster.jobs or "chief" not in cluster.jobs:
+        raise ConfigError("mode parameter_server needs TF_CONFIG with chief, worker and ps jobs")
+    if resolver.task_type != "chief":
+        raise ConfigError(f"in mode parameter_server only the chief runs training; "
+                          f"a {resolver.task_type} runs a server (ctrtrain.cluster.server)")
+    num_ps, num_workers = cluster.num_tasks("ps"), cluster.num_tasks("worker")
+    strategy = tf.distribute.ParameterServerStrategy(
+        resolver, variable_partitioner=table_partitioner(num_ps))
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+    m, feature_size = check_data(cfg)
+    steps_per_epoch = m.records // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"batch_size {cfg.batch_size} is larger than the training set "
+                          f"({m.records} records)")
+    total_steps = cfg.steps or max(1, int(math.ceil(cfg.epochs * steps_per_epoch)))
+    md = _prepare_model_dir(cfg, feature_size, m.field_size)
+    with strategy.scope():
+        model, opt, replica_step, variables = build_training(
+            model_config(cfg, feature_size, m.field_size), cfg.optimizer, cfg.learning_rate,
+            compile_step=False)
+    slots = [s for d in opt.slots for s in d.values()]
+    load = bytes_per_server(variables + slots + [opt.iterations])
+    print("parameter-server load (bytes of variables and optimizer slots): "
+          + ", ".join(f"{k} {v:,}" for k, v in load.items() if "/job:ps" in k), flush=True)
+
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    manager = tf.train.CheckpointManager(ckpt, str(md / "checkpoints"), max_to_keep=cfg.keep_checkpoints)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    start_step = int(opt.iterations.numpy())
+    log = _MetricsLog(md, cfg.progress)
+    log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
+              threads=dataclasses.asdict(threads), records=m.records, mode=cfg.mode,
+              workers=num_workers, parameter_servers=num_ps, ps_bytes=load,
+              table_shards=len(model.embedding_tables),
+              feature_size=m.feature_size, field_size=m.field_size)
+
+    @tf.function
+    def worker_step(iterator):
+        return strategy.run(replica_step, args=(next(iterator),))
+
+    # seed None: every worker shuffles differently (see the module docstring).
+    per_worker = coordinator.create_per_worker_dataset(
+        lambda: training_dataset(dataclasses.replace(cfg, read_plan=None), m, cfg.batch_size, 0, None))
+    it = iter(per_worker)
+    predict = make_predict_fn(model)
+
+    step, windows, pending = start_step, [], []
+    t_window = time.perf_counter()
+    last_ckpt = time.monotonic()
+    while step < total_steps:
+        pending.append(coordinator.schedule(worker_step, args=(it,)))
+        step += 1
+        boundary = step % cfg.log_every == 0 or step == total_steps
+        ckpt_due = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or \
+            (cfg.checkpoint_secs and time.monotonic() - last_ckpt >= cfg.checkpoint_secs)
+        eval_due = cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps
+        if boundary or ckpt_due or eval_due:
+            coordinator.join()
+            losses = [float(r.fetch()) for r in pending]
+            now = time.perf_counter()
+            if boundary:
+                w = {"step": step, "loss": sum(losses) / len(losses), "steps": len(losses),
+                     "seconds": now - t_window,
+                     "examples_per_s": len(losses) * cfg.batch_size / (now - t_window)}
+                windows.append(w)
+                log.event("train", **w)
+                pending, t_window = [], now
+            if ckpt_due:
+                manager.save(checkpoint_number=step)
+                last_ckpt = time.monotonic()
+                log.event("checkpoint", step=step)
+            if eval_due:
+                _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log)
+    coordinator.join()
+    step = int(opt.iterations.numpy())
+    manager.save(checkpoint_number=step)
+    return _finish(cfg, model, m, feature_size, md, predict, log, step,
+                   {"total_steps": total_steps, "resumed_from": start_step, "stopped_early": False,
+                    "mode": cfg.mode, "workers": num_workers, "parameter_servers": num_ps,
+                    "ps_bytes": load, "windows": windows})
