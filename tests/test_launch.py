@@ -322,8 +322,9 @@ def test_run_in_a_sagemaker_container_plays_the_launchers_roles(tmp_path, mode, 
             assert all(a.split(":")[0] in ("algo-1", "algo-2") for v in p.tf_config["cluster"].values()
                        for a in v)
     if mode == "parameter_server":
-        assert {p.role for p in r.processes} == {"ps", "worker"}
-        assert "chief" in r.processes[0].tf_config["cluster"]
+        # and a tf.data worker: PS workers read through a shared data-service job (plan.py)
+        assert {p.role for p in r.processes} == {"ps", "worker", "data_worker"}
+        assert "chief" in next(p for p in r.processes if p.tf_config).tf_config["cluster"]
 
 
 def test_run_from_tfjob_and_flags():
@@ -406,6 +407,6 @@ def test_heterogeneous_cluster_with_data_service(tmp_path):
 
 
 def test_horovod_mode_without_horovod_fails_at_launch_with_a_message(tmp_path):
-    r = run_cli("launch", spec_from_example(tmp_path, "horovod"), check=False)
+    r = run_cli("launch", spec_from_example(tmp_path, "horovod", channels={}), check=False)
     assert r.returncode == 2 and "needs Horovod" in r.stderr and "2.15.1" in r.stderr
     assert not (tmp_path / "run" / "logs").exists()

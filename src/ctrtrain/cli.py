@@ -350,7 +350,8 @@ def _run_command(sub):
     p.add_argument("--parameter-servers-per-host", type=int, default=1)
     p.add_argument("--data-service-group", default=None)
     p.add_argument("--processing-mode", choices=["parallel_epochs", "distributed_epoch"],
-                   default="parallel_epochs", help="tf.data service processing mode")
+                   default=None, help="tf.data service processing mode (default: "
+                   "distributed_epoch in mode parameter_server, else parallel_epochs)")
     p.add_argument("--hosts", default=None, help="bare machines: comma-separated host names")
     p.add_argument("--host-index", type=int, default=None)
     p.add_argument("--script", default=None, help="entry point script (default: the deepfm recipe)")
@@ -385,7 +386,9 @@ def cmd_run(a):
     sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs")
     for p in r.processes:
         env = dict(os.environ)
-        env.update(process_env(p, r.all_processes, os.cpu_count() or 1, a.processing_mode, mode))
+        processing = a.processing_mode or ("distributed_epoch" if mode == "parameter_server"
+                                          else "parallel_epochs")
+        env.update(process_env(p, r.all_processes, os.cpu_count() or 1, processing, mode))
         cmd = process_command(p, kind, target, a.entry_args, [])
         sup.start(p.label, cmd, env, server=p.is_server)
     outcome = sup.wait()

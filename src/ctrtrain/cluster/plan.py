@@ -13,6 +13,11 @@ Roles per mode:
 SageMaker's own PS TF_CONFIG says `master` (TF1); TF2 needs `chief`, which is what we emit.
 - A data-service group (heterogeneous clusters) runs a `dispatcher` on its first host and
   `data_worker`s (one per host by default); training processes get the dispatcher address.
+- parameter_server without a data-service group: the training hosts serve the input
+  themselves, a `dispatcher` on the first and a `data_worker` on each. The coordinator builds
+  one dataset definition for all workers and cannot tell them apart inside it, so sharding by
+  worker index is impossible there; one tf.data-service job in `distributed_epoch` mode gives
+  every worker a disjoint part of each epoch instead (every example read once).
 """
 
 from __future__ import annotations
@@ -121,6 +126,10 @@ def plan_cluster(topo: Topology, address=lambda host, slot: f"{host}:{2222 + slo
         if topo.mode == "parameter_server":
             if host == first_training_host:
                 add(host, group, "chief", 0, local)
+                if topo.data_service_group is None:
+                    add(host, group, "dispatcher", 0, 0)
+            if topo.data_service_group is None:
+                add(host, group, "data_worker", next_index("data_worker"), 0)
             for _ in range(topo.parameter_servers_per_host):
                 add(host, group, "ps", next_index("ps"), 0)
         for _ in range(g.processes_per_host):

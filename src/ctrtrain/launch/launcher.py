@@ -135,7 +135,8 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
             f.stop.set()
     summary = {"job": spec.name, "ok": outcome.ok, "reason": outcome.reason,
                "seconds": time.time() - started, "exit_codes": outcome.exit_codes,
-               "processes": [{"label": p.label, "role": p.role, "index": p.index, "rank": p.rank,
+               "processes": [{"label": p.label, "host": p.host, "group": p.group, "role": p.role,
+                              "index": p.index, "rank": p.rank,
                               "address": p.address, "tf_config": p.tf_config} for p in procs],
                "warnings": warnings}
     if outcome.ok:

@@ -143,14 +143,16 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     mode = dist.get("mode", "single")
     _expect(mode in MODES, "distribution.mode", f"{mode!r} is not one of {', '.join(MODES)}")
     ds = dist.get("data_service")
-    ds_group, ds_workers, processing = None, 1, "parallel_epochs"
+    # Parameter-server workers share one data-service job (exactly-once epochs, plan.py).
+    ds_group, ds_workers = None, 1
+    processing = "distributed_epoch" if mode == "parameter_server" else "parallel_epochs"
     if ds is not None:
         _keys(ds, {"group", "workers_per_host", "processing_mode"}, "distribution.data_service")
         ds_group = ds.get("group")
         _expect(ds_group in seen, "distribution.data_service.group",
                 f"{ds_group!r} is not an instance group ({', '.join(sorted(seen))})")
         ds_workers = _int(ds, "workers_per_host", "distribution.data_service", 1)
-        processing = ds.get("processing_mode", "parallel_epochs")
+        processing = ds.get("processing_mode", processing)
         _expect(processing in ("parallel_epochs", "distributed_epoch"),
                 "distribution.data_service.processing_mode", "parallel_epochs or distributed_epoch")
     topo = Topology(groups, mode, _int(dist, "parameter_servers_per_host", "distribution", 1),

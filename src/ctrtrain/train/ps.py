@@ -11,12 +11,14 @@ Load balance: the embedding table is partitioned in row blocks over every parame
 so no server holds a whole big table. The bytes per server are printed at start.
 
 Data: the coordinator traces one dataset function for all workers, so a worker cannot learn
-its own index inside it. Each worker therefore reads the whole training set in its own random
-order (TensorFlow's recommended setup: repeat indefinitely, schedule a fixed number of steps);
-the step count is that of the configured epochs over the whole set. Exactly-once reading per
-epoch across workers is what tf.data service's `distributed_epoch` mode adds (the data-service
-example spec). Asynchronous updates are noisier than synchronous ones: a smaller learning rate
-may be needed for the same quality (docs/benchmarks.md).
+its own index inside it, and sharding by worker is impossible there. The launcher and
+`ctrtrain run` therefore give parameter-server jobs a tf.data service (a dispatcher and a data
+worker on the training hosts, or the job's data-service group), and every worker reads from
+one shared job in `distributed_epoch` mode: a disjoint part of each epoch per worker, every
+example once. Without a service (a bare TF_CONFIG cluster) each worker reads the whole set in
+its own random order, TensorFlow's default setup, which samples rather than sweeps the data
+and trains a little worse (docs/benchmarks.md). Asynchronous updates are noisier than
+synchronous ones: a smaller learning rate may be needed for the same quality.
 """
 
 from __future__ import annotations
@@ -101,7 +103,10 @@ def train_parameter_server(cfg, threads) -> dict:
     def worker_step(iterator):
         return strategy.run(replica_step, args=(next(iterator),))
 
-    # seed None: every worker shuffles differently (see the module docstring).
+    if not cfg.data_service:
+        print("warning: no tf.data service: each worker samples the whole training set in its "
+              "own order (see ctrtrain.train.ps)", flush=True)
+    # seed None: without a service every worker shuffles differently.
     per_worker = coordinator.create_per_worker_dataset(
         lambda: training_dataset(dataclasses.replace(cfg, read_plan=None), m, cfg.batch_size, 0, None))
     it = iter(per_worker)

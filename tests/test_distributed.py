@@ -1,0 +1,143 @@
+"""DeepFM in every distribution mode, through `ctrtrain launch` with the example specs, on the
+same synthesized data: each mode's test AUC is within 0.005 of single-process training that
+saw the same examples with the same global batch, every rank runs the same number of steps,
+and no process outlives the job. Real processes talking over localhost."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from test_launch import alive, spec_from_example
+
+ROOT = Path(__file__).resolve().parents[1]
+HVD_PYTHON = ROOT / ".venv-hvd" / "bin" / "python"
+AUC_TOLERANCE = 0.005
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from trainutil import make_synth
+    root = tmp_path_factory.mktemp("dist-data")
+    make_synth(root, rows=40_000, feature_size=2_000, seed=3)
+    return root / "tf"
+
+
+def channels(data, sharded=False):
+    return {"training": {"path": str(data / "train"),
+                         "distribution": "ShardedByS3Key" if sharded else "FullyReplicated"},
+            "test": {"path": str(data / "test")}}
+
+
+def launch(tmp_path, example, data, python=sys.executable, sharded=False, **over):
+    over.setdefault("channels", channels(data, sharded))
+    spec = spec_from_example(tmp_path, example, **over)
+    r = subprocess.run([str(python), "-m", "ctrtrain.cli", "launch", str(spec)], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, "CTRTRAIN_NO_PROGRESS": "1"})
+    assert r.returncode == 0, f"{example} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    run = tmp_path / "run"
+    assert alive(run)[1] == []  # nothing left running
+    result = json.loads((run / "model" / "result.json").read_text())
+    return result, json.loads((run / "job.json").read_text()), r.stdout
+
+
+@pytest.fixture(scope="module")
+def single(data, tmp_path_factory):
+    """Single-process baselines, by (global batch, epochs)."""
+    out = {}
+    for batch, epochs in ((512, 1), (256, 2)):
+        r, _, _ = launch(tmp_path_factory.mktemp(f"single{batch}"), "deepfm-single", data,
+                         hyperparameters={"epochs": epochs, "batch_size": batch})
+        out[batch, epochs] = r
+    return out
+
+
+def assert_like_single(r, base, steps=None):
+    assert r["step"] == (steps or base["step"])
+    assert abs(r["test"]["auc"] - base["test"]["auc"]) < AUC_TOLERANCE, (r["test"], base["test"])
+
+
+def test_allreduce_matches_single_process(tmp_path, data, single):
+    r, job, out = launch(tmp_path, "deepfm-allreduce", data,
+                         hyperparameters={"epochs": 1, "batch_size": 256})
+    assert r["mode"] == "allreduce" and r["replicas"] == 2 and r["global_batch"] == 512
+    assert "file_shard=(2, 0)" in out and "file_shard=(2, 1)" in out
+    assert_like_single(r, single[512, 1])
+
+
+def test_allreduce_dense_sparse_reduce_same_model(tmp_path, data, single):
+    r, _, _ = launch(tmp_path, "deepfm-allreduce", data,
+                     hyperparameters={"epochs": 1, "batch_size": 256, "sparse_reduce": "dense"})
+    assert_like_single(r, single[512, 1])
+
+
+def test_allreduce_uneven_shards_run_equal_steps(tmp_path, data, single):
+    # 4 files by S3 key over 3 hosts: 2, 1, 1 files (8k, 4k, 4k... records): the ranks must
+    # still agree on the step count, or the job would hang in a collective.
+    r, job, out = launch(tmp_path, "deepfm-allreduce", data, sharded=True,
+                         hyperparameters={"epochs": 1, "batch_size": 128},
+                         instance_groups=[{"name": "train", "hosts": 3, "processes_per_host": 1}])
+    assert "do not divide evenly" in out
+    assert r["global_batch"] == 384 and r["step"] == 32_000 // 384
+    assert all(code == 0 for code in job["exit_codes"].values())
+
+
+def test_mirrored_matches_single_process(tmp_path, data, single):
+    r, _, _ = launch(tmp_path, "deepfm-mirrored", data,
+                     hyperparameters={"epochs": 1, "batch_size": 256, "devices": 2})
+    assert r["mode"] == "mirrored" and r["replicas"] == 2
+    assert_like_single(r, single[512, 1])
+
+
+# Asynchronous updates cost quality early in training (stale gradients while the embeddings
+# move fast): at 1 epoch of this small set parameter servers trail single-process training by
+# 0.005-0.01 AUC, at 2 epochs they are within 0.003 (docs/benchmarks.md). The bar is checked at 2.
+def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, data, single):
+    r, job, out = launch(tmp_path, "deepfm-parameter-server", data,
+                         hyperparameters={"epochs": 2, "batch_size": 256})
+    assert "parameter-server load" in out
+    ps = [v for k, v in r["ps_bytes"].items() if "/job:ps/" in k]
+    assert len(ps) == 2 and max(ps) < 1.5 * min(ps)   # the table is split, not on one server
+    assert_like_single(r, single[256, 2])
+    roles = sorted(p["role"] for p in job["processes"])
+    # 2 ps + 2 workers, and the input service on the training hosts: stopped by the launcher
+    # once the chief finished (alive() in launch()).
+    assert roles == sorted(["chief", "dispatcher", "data_worker", "data_worker", "ps", "ps",
+                            "worker", "worker"])
+
+
+def test_data_service_with_allreduce(tmp_path, data, single):
+    r, job, _ = launch(tmp_path, "deepfm-data-service", data,
+                       hyperparameters={"epochs": 1, "batch_size": 256})
+    roles = {p["role"] for p in job["processes"]}
+    assert {"dispatcher", "data_worker", "worker"} <= roles
+    assert_like_single(r, single[512, 1])
+
+
+def test_data_service_with_parameter_servers(tmp_path, data, single):
+    r, job, _ = launch(tmp_path, "deepfm-parameter-server", data,
+                       hyperparameters={"epochs": 2, "batch_size": 256},
+                       instance_groups=[{"name": "train", "hosts": 2, "processes_per_host": 1},
+                                        {"name": "data", "hosts": 1}],
+                       distribution={"mode": "parameter_server", "parameter_servers_per_host": 1,
+                                     "data_service": {"group": "data",
+                                                      "processing_mode": "distributed_epoch"}})
+    assert {"dispatcher", "data_worker", "ps", "chief"} <= {p["role"] for p in job["processes"]}
+    assert not any(p["role"] == "data_worker" and p["group"] == "train" for p in job["processes"])
+    assert_like_single(r, single[256, 2])
+
+
+def test_horovod_matches_single_process(tmp_path, data, single):
+    if not HVD_PYTHON.exists():
+        if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
+            pytest.fail(f"{HVD_PYTHON} is missing: run scripts/horovod_env.sh")
+        pytest.skip("no Horovod environment (scripts/horovod_env.sh builds it; CI does)")
+    r, job, out = launch(tmp_path, "horovod", data, python=HVD_PYTHON,
+                         hyperparameters={"epochs": 1, "batch_size": 256})
+    assert "horovodrun" in job["exit_codes"] and r["replicas"] == 2
+    assert "file_shard=(2, 0)" in out and "file_shard=(2, 1)" in out
+    assert_like_single(r, single[512, 1])
