@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# The whole test suite, in the project's own virtual environment (created on first use).
+# The whole test suite. First builds (or reuses) both environments: .venv (TF 2.21, the main
+# engine) and .venv-hvd (TF 2.15.1 + Horovod, scripts/horovod_env.sh). Then runs every test in
+# .venv (the Horovod mode's test launches from .venv-hvd), then every test again in .venv-hvd:
+# the package runs on the TF version SageMaker's Horovod containers ship.
+# With arguments (pytest selections/options): only those, in .venv.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/env.sh"
 cd "$root"
-exec python -m pytest "$@"
+if [ $# -gt 0 ]; then
+  source "$root/scripts/env.sh"
+  exec python -m pytest "$@"
+fi
+bash "$root/scripts/horovod_env.sh"
+export CTRTRAIN_REQUIRE_HOROVOD=1
+echo "== tests on TensorFlow 2.21 (.venv)"
+( source "$root/scripts/env.sh" && python -m pytest )
+echo "== tests on TensorFlow 2.15.1 + Horovod (.venv-hvd)"
+"$root/.venv-hvd/bin/python" -m pytest

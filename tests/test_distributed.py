@@ -93,12 +93,13 @@ def test_mirrored_matches_single_process(tmp_path, data, single):
     assert_like_single(r, single[512, 1])
 
 
-# Asynchronous updates cost quality early in training (stale gradients while the embeddings
-# move fast): at 1 epoch of this small set parameter servers trail single-process training by
-# 0.005-0.01 AUC, at 2 epochs they are within 0.003 (docs/benchmarks.md). The bar is checked at 2.
+# Asynchronous updates cost quality (stale gradients while the embeddings move fast): with the
+# single-process learning rate, 2 workers trailed single-process training by 0.000-0.011 AUC
+# over runs on this small set; with half the rate, as the issue allows, by at most 0.001
+# (README, docs/benchmarks.md). Checked at 2 epochs, half the learning rate.
+PS_HP = {"epochs": 2, "batch_size": 256, "learning_rate": 0.0005}
 def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, data, single):
-    r, job, out = launch(tmp_path, "deepfm-parameter-server", data,
-                         hyperparameters={"epochs": 2, "batch_size": 256})
+    r, job, out = launch(tmp_path, "deepfm-parameter-server", data, hyperparameters=PS_HP)
     assert "parameter-server load" in out
     ps = [v for k, v in r["ps_bytes"].items() if "/job:ps/" in k]
     assert len(ps) == 2 and max(ps) < 1.5 * min(ps)   # the table is split, not on one server
@@ -119,8 +120,7 @@ def test_data_service_with_allreduce(tmp_path, data, single):
 
 
 def test_data_service_with_parameter_servers(tmp_path, data, single):
-    r, job, _ = launch(tmp_path, "deepfm-parameter-server", data,
-                       hyperparameters={"epochs": 2, "batch_size": 256},
+    r, job, _ = launch(tmp_path, "deepfm-parameter-server", data, hyperparameters=PS_HP,
                        instance_groups=[{"name": "train", "hosts": 2, "processes_per_host": 1},
                                         {"name": "data", "hosts": 1}],
                        distribution={"mode": "parameter_server", "parameter_servers_per_host": 1,

@@ -199,6 +199,22 @@ def _bench_commands(sub):
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_profile)
+    p = bsub.add_parser("modes", help="DeepFM in each distribution mode via launch: overhead vs single")
+    p.add_argument("--modes", type=lambda s: s.split(","),
+                   default=["single", "mirrored", "allreduce", "horovod", "parameter_server",
+                            "allreduce+data_service"])
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--feature-size", type=int, default=100_000)
+    p.add_argument("--batch-size", type=int, default=1024, help="per process / replica")
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--work-dir", default="runs/bench-modes")
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=cmd_bench_modes)
+
+
+def cmd_bench_modes(a):
+    from .bench.modes import run_modes
+    run_modes(a.modes, a.rows, a.feature_size, a.batch_size, a.steps, a.work_dir, a.json)
 
 
 def cmd_bench_train(a):
