@@ -10,6 +10,7 @@ given here; Horovod runs from .venv-hvd when it exists."""
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,12 +28,23 @@ MODES = {"single": "deepfm-single", "mirrored": "deepfm-mirrored", "allreduce": 
          "allreduce+data_service": "deepfm-data-service"}
 
 
-def _spec(work: Path, mode: str, data: Path, hp: dict) -> Path:
+def parse_cell(cell: str) -> tuple[str, dict]:
+    """`allreduce:sparse_reduce=dense` -> ("allreduce", {"sparse_reduce": "dense"})."""
+    mode, _, extra = cell.partition(":")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} (allowed: {', '.join(MODES)})")
+    hp = dict(kv.split("=", 1) for kv in extra.split(",") if kv)
+    return mode, {k: yaml.safe_load(v) for k, v in hp.items()}
+
+
+def _spec(work: Path, cell: str, data: Path, hp: dict) -> Path:
+    mode, extra = parse_cell(cell)
+    hp = {**hp, **extra}
     raw = yaml.safe_load((EXAMPLES / f"{MODES[mode]}.yaml").read_text())
     raw["channels"] = {"training": {"path": str(data)}}
     raw["hyperparameters"] = dict(hp)
-    raw["output_dir"] = str(work / mode)
-    path = work / f"{mode}.yaml"
+    raw["output_dir"] = str(work / cell)
+    path = work / f"{cell}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -45,21 +57,21 @@ def run_modes(modes: list[str], rows: int, feature_size: int, batch_size: int, s
     hvd = ROOT / ".venv-hvd" / "bin" / "python"
     results = {}
     for mode in modes:
+        # `mode` is a cell: a mode, optionally with hyperparameters (allreduce:sparse_reduce=dense).
         # The same per-process batch everywhere; log windows of 20 steps, the first one dropped.
         hp = {"batch_size": batch_size, "steps": steps, "log_every": 20, "export": False,
               "checkpoint_every": 0}
         spec = _spec(work, mode, data, hp)
-        python = str(hvd) if mode == "horovod" else sys.executable
-        if mode == "horovod" and not hvd.exists():
+        python = str(hvd) if parse_cell(mode)[0] == "horovod" else sys.executable
+        if python == str(hvd) and not hvd.exists():
             results[mode] = {"error": "no .venv-hvd (scripts/horovod_env.sh)"}
             continue
-        import shutil
         shutil.rmtree(work / mode, ignore_errors=True)
         r = subprocess.run([python, "-m", "ctrtrain.cli", "launch", str(spec)], capture_output=True,
                            text=True)
         if r.returncode != 0:
             results[mode] = {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "failed"}
-            print(f"{mode:24s} failed: {results[mode]['error']}", flush=True)
+            print(f"{mode:34s} failed: {results[mode]['error']}", flush=True)
             continue
         res = json.loads((work / mode / "checkpoints" / "result.json").read_text())
         windows = res["windows"][1:] or res["windows"]
@@ -69,7 +81,7 @@ def run_modes(modes: list[str], rows: int, feature_size: int, batch_size: int, s
                 "global_batch": global_batch, "replicas": res.get("replicas", 1),
                 "input_bound": res.get("input_bound"), "steps": res["step"]}
         results[mode] = cell
-        print(f"{mode:24s} {eps:10,.0f} ex/s  step {cell['step_ms']:6.1f} ms  "
+        print(f"{mode:34s} {eps:10,.0f} ex/s  step {cell['step_ms']:6.1f} ms  "
               f"global batch {global_batch}", flush=True)
     base = results.get("single", {}).get("examples_per_s")
     if base:
