@@ -103,6 +103,9 @@ def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, da
     assert "parameter-server load" in out
     ps = [v for k, v in r["ps_bytes"].items() if "/job:ps/" in k]
     assert len(ps) == 2 and max(ps) < 1.5 * min(ps)   # the table is split, not on one server
+    start = next(json.loads(l) for l in (tmp_path / "run" / "checkpoints" / "metrics.jsonl")
+                 .read_text().splitlines() if '"start"' in l)
+    assert start["table_shards"] == 2    # a ShardedVariable, one row block per server
     assert_like_single(r, single[256, 2])
     roles = sorted(p["role"] for p in job["processes"])
     # 2 ps + 2 workers, and the input service on the training hosts: stopped by the launcher
