@@ -122,7 +122,9 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
         if spec.topology.mode == "horovod" and not p.is_server:
             ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": str(base)})
         else:
-            sup.start(p.label, cmd, env, cwd=str(base), server=p.is_server)
+            # A parameter-server worker may die: the coordinator reschedules its steps.
+            sup.start(p.label, cmd, env, cwd=str(base), server=p.is_server,
+                      tolerated=spec.topology.mode == "parameter_server" and p.role == "worker")
     if ranks:
         sup.start("horovodrun", horovod_command(ranks, run_dir), dict(os.environ),
                   cwd=str(run_dir), server=False)
@@ -138,7 +140,7 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
                "processes": [{"label": p.label, "host": p.host, "group": p.group, "role": p.role,
                               "index": p.index, "rank": p.rank,
                               "address": p.address, "tf_config": p.tf_config} for p in procs],
-               "warnings": warnings}
+               "warnings": warnings, "tolerated_failures": outcome.tolerated}
     if outcome.ok:
         chief = next(p for p in procs if p.is_chief)
         summary["model"] = collect_model(host_base(run_dir, chief.host) / "model", run_dir)

@@ -1,7 +1,9 @@
 """Starts a job's processes, prefixes and files their logs, and tears the whole group down:
 on the first failure (with its log tail), when the time limit passes, when nothing has
 printed for the watchdog's time, on Ctrl-C, and -- for servers that never exit on their own --
-when every finishing process has finished. No process outlives the supervisor: each child is
+when every finishing process has finished. Some processes may die without failing the job
+(`tolerated`: parameter-server workers, whose steps the coordinator reschedules): their deaths
+are reported and recorded, and the job fails only when all of them are gone. No process outlives the supervisor: each child is
 in its own process group (killed as a group) and dies with its parent (PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Managed:
     tail: collections.deque
     last_output: float
     returncode: int | None = None
+    tolerated: bool = False
 
 
 @dataclasses.dataclass
@@ -44,6 +47,7 @@ class JobOutcome:
     exit_codes: dict[str, int | None]
     failed: str | None = None
     tail: list[str] = dataclasses.field(default_factory=list)
+    tolerated: list[dict] = dataclasses.field(default_factory=list)
 
 
 class Supervisor:
@@ -57,15 +61,16 @@ class Supervisor:
         self._lock = threading.Lock()
         self._errors: list[str] = []
         self.pid_file = self.log_dir / "pids"
+        self.tolerated: list[dict] = []   # failures the job survived
 
     def start(self, label: str, cmd: list[str], env: dict, cwd: str | None = None,
-              server: bool = False) -> Managed:
+              server: bool = False, tolerated: bool = False) -> Managed:
         log_path = self.log_dir / (label.replace("/", "-") + ".log")
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_die_with_parent)
         m = Managed(label, proc, server, log_path, collections.deque(maxlen=self.tail_lines),
-                    time.monotonic())
+                    time.monotonic(), tolerated=tolerated)
         self.procs.append(m)
         with open(self.pid_file, "a") as f:
             f.write(f"{proc.pid} {label}\n")
@@ -114,14 +119,22 @@ class Supervisor:
                         m.returncode = m.proc.poll()
                 if self._errors:
                     return self._fail(self._errors[0], None)
-                bad = next((m for m in self.procs if m.returncode not in (None, 0)), None)
+                self._note_tolerated(start)
+                tolerable = [m for m in self.procs if m.tolerated]
+                if tolerable and all(m.returncode is not None for m in tolerable):
+                    return self._fail(f"all {len(tolerable)} tolerated processes "
+                                      f"({', '.join(m.label for m in tolerable)}) died", tolerable[-1])
+                bad = next((m for m in self.procs if m.returncode not in (None, 0)
+                            and not m.tolerated), None)
                 if bad is not None:
                     return self._fail(f"{bad.label} exited with status {bad.returncode}", bad)
                 workers = [m for m in self.procs if not m.server]
                 if workers and all(m.returncode == 0 for m in workers):
                     self._teardown()
-                    return JobOutcome(True, "all training processes finished", self._codes())
-                servers_gone = [m for m in self.procs if m.server and m.returncode is not None]
+                    return JobOutcome(True, "all training processes finished", self._codes(),
+                                      tolerated=self.tolerated)
+                servers_gone = [m for m in self.procs if m.server and m.returncode is not None
+                                and not m.tolerated]
                 if servers_gone:
                     m = servers_gone[0]
                     return self._fail(f"{m.label} (a server) exited with status {m.returncode} "
@@ -141,6 +154,16 @@ class Supervisor:
             self._teardown()
             raise
 
+    def _note_tolerated(self, start: float) -> None:
+        for m in self.procs:
+            if m.tolerated and m.returncode is not None and \
+                    not any(t["label"] == m.label for t in self.tolerated):
+                self.tolerated.append({"label": m.label, "returncode": m.returncode,
+                                       "after_s": round(time.monotonic() - start, 1)})
+                with self._lock:
+                    print(f"[launcher] {m.label} exited with status {m.returncode}; tolerated: "
+                          "the job goes on without it", flush=True)
+
     def _codes(self):
         return {m.label: m.returncode for m in self.procs}
 
@@ -150,7 +173,8 @@ class Supervisor:
             time.sleep(0.2)  # let the pump catch the last lines
             tails += [f"--- last lines of {m.label} ({m.log_path}) ---", *list(m.tail)]
         self._teardown()
-        return JobOutcome(False, reason, self._codes(), who.label if who else None, tails)
+        return JobOutcome(False, reason, self._codes(), who.label if who else None, tails,
+                          tolerated=self.tolerated)
 
     def _teardown(self):
         live = [m for m in self.procs if m.proc.poll() is None]

@@ -99,9 +99,18 @@ def train_parameter_server(cfg, threads) -> dict:
               table_shards=len(model.embedding_tables),
               feature_size=m.feature_size, field_size=m.field_size)
 
+    with strategy.scope():
+        # Loss sums kept on a server and read by the chief at log time: fetching every step's
+        # RemoteValue copies it worker -> chief, a path that failed under load here with TF
+        # 2.21 ("invalid UTF-8" in a serialized device name), and costs a round trip per step.
+        loss_sum = tf.Variable(0.0, trainable=False, name="loss_sum")
+        loss_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_steps")
+
     @tf.function
     def worker_step(iterator):
-        return strategy.run(replica_step, args=(next(iterator),))
+        loss = strategy.run(replica_step, args=(next(iterator),))
+        loss_sum.assign_add(loss)
+        loss_steps.assign_add(1)
 
     if not cfg.data_service:
         print("warning: no tf.data service: each worker samples the whole training set in its "
@@ -112,11 +121,11 @@ def train_parameter_server(cfg, threads) -> dict:
     it = iter(per_worker)
     predict = make_predict_fn(model)
 
-    step, windows, pending = start_step, [], []
-    t_window = time.perf_counter()
+    step, windows = start_step, []
+    t_window, seen_sum, seen_steps = time.perf_counter(), 0.0, 0
     last_ckpt = time.monotonic()
     while step < total_steps:
-        pending.append(coordinator.schedule(worker_step, args=(it,)))
+        coordinator.schedule(worker_step, args=(it,))
         step += 1
         boundary = step % cfg.log_every == 0 or step == total_steps
         ckpt_due = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or \
@@ -124,15 +133,15 @@ def train_parameter_server(cfg, threads) -> dict:
         eval_due = cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps
         if boundary or ckpt_due or eval_due:
             coordinator.join()
-            losses = [float(r.fetch()) for r in pending]
             now = time.perf_counter()
             if boundary:
-                w = {"step": step, "loss": sum(losses) / len(losses), "steps": len(losses),
-                     "seconds": now - t_window,
-                     "examples_per_s": len(losses) * cfg.batch_size / (now - t_window)}
+                total, done = float(loss_sum.numpy()), int(loss_steps.numpy())
+                n = max(1, done - seen_steps)
+                w = {"step": step, "loss": (total - seen_sum) / n, "steps": n,
+                     "seconds": now - t_window, "examples_per_s": n * cfg.batch_size / (now - t_window)}
                 windows.append(w)
                 log.event("train", **w)
-                pending, t_window = [], now
+                t_window, seen_sum, seen_steps = now, total, done
             if ckpt_due:
                 manager.save(checkpoint_number=step)
                 last_ckpt = time.monotonic()
