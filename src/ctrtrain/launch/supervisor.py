@@ -145,10 +145,10 @@ class Supervisor:
                 if self.watchdog:
                     quiet = [m for m in workers if m.returncode is None]
                     if quiet and all(now - m.last_output > self.watchdog for m in quiet):
+                        states = ", ".join(f"{m.label} [{_state(m.proc.pid)}]" for m in quiet)
                         return self._fail(
-                            f"no progress for {self.watchdog:g} s (no output from "
-                            f"{', '.join(m.label for m in quiet)}): stuck, torn down", quiet[0],
-                            stuck=quiet)
+                            f"no progress for {self.watchdog:g} s (no output from {states}): "
+                            "stuck, torn down", quiet[0], stuck=quiet)
                 time.sleep(0.1)
         except KeyboardInterrupt:
             self._teardown()
@@ -194,6 +194,21 @@ class Supervisor:
                 pass
             if m.returncode is None:
                 m.returncode = m.proc.returncode
+
+
+_STATES = {"R": "running", "S": "waiting", "D": "in I/O", "T": "stopped", "t": "traced",
+           "Z": "exited"}
+
+
+def _state(pid: int) -> str:
+    """What a stuck process is doing, from /proc: a stopped rank reads "stopped", ranks
+    blocked in a collective waiting for it read "waiting"."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            code = f.read().rsplit(")", 1)[1].split()[0]
+        return _STATES.get(code, code)
+    except (OSError, IndexError):
+        return "gone"
 
 
 def _signal_group(proc: subprocess.Popen, sig):
