@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from .loop import (_MetricsLog, _evaluate, _finish, _prepare_model_dir, check_data,
                    model_config, training_dataset)
 
-MIN_SHARD_BYTES = 256 << 10   # below this a variable stays whole on one server
+MIN_SHARD_BYTES = 64 << 10    # below this a variable stays whole on one server
 
 
 def table_partitioner(num_ps: int, min_bytes: int = MIN_SHARD_BYTES):
