@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import run_cli
 from test_distributed import AUC_TOLERANCE, PS_HP, channels
 from test_launch import alive, spec_from_example
 
@@ -138,3 +139,58 @@ def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, d
     assert result["step"] == result["total_steps"] == 2 * (32_000 // 512)
     assert abs(result["test"]["auc"] - undisturbed[512, 2]) < AUC_TOLERANCE
     assert alive(run)[1] == []
+
+
+@pytest.mark.parametrize("example,victim,over", [
+    ("deepfm-parameter-server", "algo-2/ps/1", {}),
+    ("deepfm-data-service", "algo-3/data_worker/0", {}),
+])
+def test_a_dead_server_fails_the_job_at_once(tmp_path, data, example, victim, over):
+    # Parameter servers hold state nobody else has, and a tf.data worker's share of the epoch
+    # would be lost: the job fails, naming the process, instead of hanging or going on.
+    proc, run = start(tmp_path, example, data,
+                      hyperparameters={"epochs": 3, "batch_size": 256, "log_every": 5}, **over)
+    wait_for(lambda: events(run, "train"), proc)
+    killed = time.monotonic()
+    os.kill(pid_of(run, victim), signal.SIGKILL)
+    code, out, err = finish(proc, timeout=120)
+    assert code == 2 and f"{victim} exited with status -9" in err, err[-2000:]
+    assert time.monotonic() - killed < 30
+    assert alive(run)[1] == []
+
+
+def test_host_without_data_is_refused_before_start(tmp_path, data):
+    # 4 files by S3 key over 5 hosts: one host would have nothing to read.
+    spec = spec_from_example(tmp_path, "deepfm-allreduce", channels=channels(data, sharded=True),
+                             instance_groups=[{"name": "train", "hosts": 5}])
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "gives algo-5 no file (4 files)" in r.stderr
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_output_problems_are_reported_before_start(tmp_path, data):
+    (tmp_path / "a-file").write_text("x")
+    spec = spec_from_example(tmp_path, "deepfm-single", channels=channels(data),
+                             output_dir=str(tmp_path / "a-file" / "run"))
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "cannot create the output directory" in r.stderr
+    spec = spec_from_example(tmp_path, "deepfm-single", channels=channels(data),
+                             min_free_disk_mb=10**12)
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "MB free on the disk of" in r.stderr
+    assert not (tmp_path / "run" / "logs").exists()
+    # ctrtrain train itself: a model too big for the disk is refused before training.
+    r = run_cli("train", "--train", data / "train", "--model-dir", tmp_path / "m",
+                "--feature-size", str(10**12), "--steps", "1", check=False)
+    assert r.returncode == 2 and "checkpoints of this model need about" in r.stderr
+
+
+def test_port_in_use_is_named_before_anything_starts(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_cli("run", "--hosts", "127.0.0.1", "--host-index", "0", "--mode", "allreduce",
+                    "--processes-per-host", "2", "--base-port", str(port), check=False)
+    assert r.returncode == 2 and f"port {port} (127.0.0.1/worker/0) is already in use" in r.stderr

@@ -266,6 +266,8 @@ def test_second_reader_of_a_fifo_is_an_error_not_a_hang(tmp_path):
     (lambda s: s["channels"]["training"].update(input_mode="Stream"), "channels.training.input_mode"),
     (lambda s: s.update(entry_point={"script": "x.py", "module": "m"}), "exactly one of"),
     (lambda s: s.update(distribution="single"), "mode single runs one training process"),
+    (lambda s: s["channels"].update({"../../etc": {"path": "d"}}), "channels.../../etc: '../../etc' must be a simple name"),
+    (lambda s: s["instance_groups"][0].update(name="a/../../b"), "must be a simple name"),
     (lambda s: (s["channels"]["training"].update(input_mode="Pipe"),
                 s["instance_groups"][0].update(processes_per_host=2)), "cannot share 1 Pipe channel"),
 ])

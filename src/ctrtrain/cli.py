@@ -370,6 +370,8 @@ def _run_command(sub):
                    "distributed_epoch in mode parameter_server, else parallel_epochs)")
     p.add_argument("--hosts", default=None, help="bare machines: comma-separated host names")
     p.add_argument("--host-index", type=int, default=None)
+    p.add_argument("--base-port", type=int, default=2222,
+                   help="first port of each host's servers (the same on every host)")
     p.add_argument("--script", default=None, help="entry point script (default: the deepfm recipe)")
     p.add_argument("--module", default=None, help="entry point module")
     p.add_argument("--dry-run", action="store_true", help="print the resolved roles and exit")
@@ -389,14 +391,18 @@ def cmd_run(a):
     r = resolve(os.environ, mode=mode, processes_per_host=a.processes_per_host,
                 parameter_servers_per_host=a.parameter_servers_per_host,
                 data_service_group=a.data_service_group,
-                hosts=a.hosts.split(",") if a.hosts else None, host_index=a.host_index)
+                hosts=a.hosts.split(",") if a.hosts else None, host_index=a.host_index,
+                base_port=a.base_port)
     if a.dry_run:
         print(json.dumps({"source": r.source, "host": r.host, "processes": [
             {"role": p.role, "index": p.index, "rank": p.rank, "address": p.address,
              "tf_config": p.tf_config} for p in r.processes]}, indent=2))
         return
     from pathlib import Path
+
+    from .cluster.run import check_ports
     from .launch.supervisor import Supervisor
+    check_ports(r.processes)
     kind, target = ("script", a.script) if a.script else (("module", a.module) if a.module
                                                           else ("recipe", "deepfm"))
     sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs")

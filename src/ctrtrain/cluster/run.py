@@ -28,13 +28,39 @@ class Resolved:
     all_processes: list[Process]
 
 
-def port_address(host: str, slot: int) -> str:
-    return f"{host}:{BASE_PORT + slot}"
+def port_address(host: str, slot: int, base_port: int = BASE_PORT) -> str:
+    return f"{host}:{base_port + slot}"
+
+
+def serves(p: Process) -> bool:
+    """Whether the process listens on its address (TF gRPC server or tf.data service)."""
+    return p.tf_config is not None or p.role in ("dispatcher", "data_worker")
+
+
+def check_ports(processes: list[Process]) -> None:
+    """Every port this host's processes will listen on must be free: every host computes
+    every address from the same plan, so a port cannot be moved, only reported."""
+    import errno
+    import socket
+    for p in processes:
+        if not serves(p):
+            continue
+        port = int(p.address.rsplit(":", 1)[1])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise ConfigError(f"port {port} ({p.label}) is already in use on this host; "
+                                      "free it or choose other ports (--base-port)") from e
+                raise
 
 
 def resolve(environ=os.environ, mode: str = "single", processes_per_host: int = 1,
             parameter_servers_per_host: int = 1, data_service_group: str | None = None,
-            hosts: list[str] | None = None, host_index: int | None = None) -> Resolved:
+            hosts: list[str] | None = None, host_index: int | None = None,
+            base_port: int = BASE_PORT) -> Resolved:
     if environ.get("TF_CONFIG") and not environ.get("CTRTRAIN_ROLE"):
         cfg = json.loads(environ["TF_CONFIG"])
         try:
@@ -66,5 +92,5 @@ def resolve(environ=os.environ, mode: str = "single", processes_per_host: int = 
         topo = topology_from_resource_config(rc, mode, processes_per_host,
                                              parameter_servers_per_host, data_service_group)
         me, source = rc["current_host"], "sagemaker"
-    procs = plan_cluster(topo, address=port_address)
+    procs = plan_cluster(topo, address=lambda host, slot: port_address(host, slot, base_port))
     return Resolved(source, me, [p for p in procs if p.host == me], procs)

@@ -69,9 +69,16 @@ def check_runtime(spec: JobSpec) -> None:
 def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dict:
     check_runtime(spec)
     run_dir = Path(spec.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JobFailed(f"cannot create the output directory {run_dir}: {e.strerror}") from e
     if not os.access(run_dir, os.W_OK):
         raise JobFailed(f"output directory {run_dir} is not writable")
+    free_mb = shutil.disk_usage(run_dir).free / 2**20
+    if free_mb < spec.min_free_disk_mb:
+        raise JobFailed(f"only {free_mb:,.0f} MB free on the disk of {run_dir}; the job asks for "
+                        f"min_free_disk_mb={spec.min_free_disk_mb:g} (checkpoints, logs, model)")
     cores = cores or os.cpu_count() or 1
     ports = PortAllocator()
     procs = plan_cluster(spec.topology, address=lambda host, slot: f"127.0.0.1:{ports.get()}")

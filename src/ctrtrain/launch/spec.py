@@ -48,10 +48,11 @@ class JobSpec:
     pipe_epochs: int = 1
     processing_mode: str = "parallel_epochs"
     spec_path: str | None = None
+    min_free_disk_mb: float = 256   # refused before start when the output's disk has less
 
 
 _TOP_KEYS = {"name", "entry_point", "hyperparameters", "instance_groups", "distribution",
-             "channels", "output_dir", "time_limit", "watchdog", "pipe_epochs"}
+             "channels", "output_dir", "time_limit", "watchdog", "pipe_epochs", "min_free_disk_mb"}
 
 
 def _expect(cond, key, msg):
@@ -71,6 +72,15 @@ def _int(d, key, where, default, minimum=1):
     _expect(isinstance(v, int) and not isinstance(v, bool) and v >= minimum, f"{where}.{key}",
             f"must be an integer >= {minimum}, got {v!r}")
     return v
+
+
+def _simple_name(value, key) -> str:
+    """Names that become directories of the run (channels, groups): one path component, so a
+    spec cannot reach outside the run directory with `..` or `/`."""
+    _expect(isinstance(value, str) and value and value not in (".", "..")
+            and all(c.isalnum() or c in "-_." for c in value) and not value.startswith("."),
+            key, f"{value!r} must be a simple name (letters, digits, '-', '_', '.'; no '/' or '..')")
+    return value
 
 
 def _safe_path(base: Path, value, key) -> str:
@@ -130,6 +140,7 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
         where = f"instance_groups[{i}]"
         _keys(g, {"name", "hosts", "processes_per_host", "instance_type"}, where)
         _expect(isinstance(g.get("name"), str) and g["name"], f"{where}.name", "is required")
+        _simple_name(g["name"], f"{where}.name")
         _expect(g["name"] not in seen, f"{where}.name", f"{g['name']!r} is used twice")
         seen.add(g["name"])
         groups.append(Group(g["name"], _int(g, "hosts", where, 1),
@@ -169,6 +180,7 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     _expect(isinstance(ch_raw, dict), "channels", "must be a mapping of channel names")
     for cname, c in ch_raw.items():
         where = f"channels.{cname}"
+        _simple_name(cname, where)
         if isinstance(c, str):
             c = {"path": c}
         _keys(c, {"path", "input_mode", "distribution"}, where)
@@ -188,7 +200,7 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     if pipe and per_host > 1:
         _expect(len(pipe) >= per_host, "channels",
                 f"{per_host} processes per host cannot share {len(pipe)} Pipe channel(s): a FIFO has "
-                "one reader; declare one Pipe channel per process (e.g. training-1, training-2)")
+                "one reader; declare one Pipe channel per process (training_0, training_1, ...)")
 
     out = _safe_path(base, raw["output_dir"], "output_dir")
     tl = raw.get("time_limit")
@@ -196,5 +208,8 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     wd = raw.get("watchdog", 600)
     _expect(wd is None or (isinstance(wd, (int, float)) and wd > 0), "watchdog", "seconds > 0 or null")
     pipe_epochs = _int(raw, "pipe_epochs", "job", 1)
+    free = raw.get("min_free_disk_mb", 256)
+    _expect(isinstance(free, (int, float)) and free >= 0, "min_free_disk_mb", "megabytes >= 0")
     return JobSpec(name, EntryPoint(kind, target, args), topo, channels, hps, out, tl, wd,
-                   pipe_epochs=pipe_epochs, processing_mode=processing, spec_path=spec_path)
+                   pipe_epochs=pipe_epochs, processing_mode=processing, spec_path=spec_path,
+                   min_free_disk_mb=free)

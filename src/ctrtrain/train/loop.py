@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -94,6 +95,13 @@ def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"model directory {md} is not writable: {e.strerror}") from e
+    # A checkpoint holds the table and its optimizer slots (up to 3 x the table) plus the MLP;
+    # saving writes the new one before deleting the oldest. Refuse now rather than fail later.
+    need = 2 * 3 * 4 * feature_size * (1 + cfg.embedding_size) + (64 << 20)
+    free = shutil.disk_usage(md).free
+    if free < need:
+        raise ConfigError(f"model directory {md} has {free / 2**20:,.0f} MB free; checkpoints of "
+                          f"this model need about {need / 2**20:,.0f} MB")
     record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("threads", "read_plan")}
     record.update(feature_size=feature_size, field_size=field_size)
     record["deep_layers"] = list(cfg.deep_layers)
