@@ -33,6 +33,14 @@ def undisturbed(data, tmp_path_factory):
             for b, e in ((256, 2), (512, 2))}
 
 
+def record(fault, **figures):
+    """With CTRTRAIN_FAULT_REPORT=path, appends what a fault test measured (docs/reliability.md)."""
+    path = os.environ.get("CTRTRAIN_FAULT_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"fault": fault, **figures}) + "\n")
+
+
 def start(tmp_path, example, data, **over):
     over.setdefault("channels", channels(data))
     spec = spec_from_example(tmp_path, example, **over)
@@ -77,6 +85,7 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path, data, undisturb
     proc, run = start(tmp_path, "deepfm-parameter-server", data,
                       hyperparameters={**PS_HP, "log_every": 20})
     wait_for(lambda: events(run, "train"), proc)
+    at_step = max(e["step"] for e in events(run, "train"))
     os.kill(pid_of(run, "algo-2/worker/1"), signal.SIGKILL)
     code, out, err = finish(proc)
     assert code == 0, err[-3000:]
@@ -88,6 +97,9 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path, data, undisturb
     assert r["step"] >= r["total_steps"] == 250
     assert abs(r["test"]["auc"] - undisturbed[256, 2]) < AUC_TOLERANCE, (r["test"], undisturbed)
     assert alive(run)[1] == []
+    record("parameter_server: worker SIGKILLed", killed_after_step=at_step, steps=r["step"],
+           total_steps=r["total_steps"], auc=r["test"]["auc"], undisturbed_auc=undisturbed[256, 2],
+           outcome="completed")
 
 
 def test_allreduce_rank_killed_fails_fast_naming_it(tmp_path, data):
@@ -101,6 +113,7 @@ def test_allreduce_rank_killed_fails_fast_naming_it(tmp_path, data):
     assert code == 2 and "algo-2/worker/1 exited with status -9" in err
     assert detect < 30, detect
     assert alive(run)[1] == []
+    record("allreduce: rank 1 SIGKILLed", detect_s=round(detect, 1), outcome="failed fast")
 
 
 def test_allreduce_rank_hung_is_torn_down_by_the_watchdog(tmp_path, data):
@@ -119,6 +132,8 @@ def test_allreduce_rank_hung_is_torn_down_by_the_watchdog(tmp_path, data):
         ("no progress for 15 s" in err and "algo-2/worker/1 [stopped]" in err), err[-3000:]
     assert detect < 60, detect
     assert alive(run)[1] == []
+    record("allreduce: rank 1 SIGSTOPped (hung)", detect_s=round(detect, 1),
+           by="heartbeats" if "heartbeats" in err else "watchdog", outcome="failed fast")
 
 
 def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, data, undisturbed):
@@ -139,6 +154,9 @@ def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, d
     assert result["step"] == result["total_steps"] == 2 * (32_000 // 512)
     assert abs(result["test"]["auc"] - undisturbed[512, 2]) < AUC_TOLERANCE
     assert alive(run)[1] == []
+    record("allreduce: chief SIGKILLed, job relaunched", last_logged_step=last_train,
+           resumed_from=result["resumed_from"], checkpoint_every=10, steps=result["step"],
+           auc=result["test"]["auc"], undisturbed_auc=undisturbed[512, 2], outcome="resumed")
 
 
 @pytest.mark.parametrize("example,victim,over", [
@@ -155,8 +173,10 @@ def test_a_dead_server_fails_the_job_at_once(tmp_path, data, example, victim, ov
     os.kill(pid_of(run, victim), signal.SIGKILL)
     code, out, err = finish(proc, timeout=120)
     assert code == 2 and f"{victim} exited with status -9" in err, err[-2000:]
-    assert time.monotonic() - killed < 30
+    detect = time.monotonic() - killed
+    assert detect < 30
     assert alive(run)[1] == []
+    record(f"{example}: {victim} SIGKILLed", detect_s=round(detect, 1), outcome="failed fast")
 
 
 def test_host_without_data_is_refused_before_start(tmp_path, data):

@@ -415,3 +415,21 @@ def test_horovod_mode_without_horovod_fails_at_launch_with_a_message(tmp_path):
     r = run_cli("launch", spec_from_example(tmp_path, "horovod", channels={}), check=False)
     assert r.returncode == 2 and "needs Horovod" in r.stderr and "2.15.1" in r.stderr
     assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_local_jobs_see_only_loopback(tmp_path):
+    # TensorFlow's servers bind every interface; the launcher's network namespace leaves them
+    # only loopback (where the machine allows user namespaces, as here and in CI).
+    from ctrtrain.launch import netns
+    if not netns.available():
+        pytest.skip("no user network namespaces on this machine")
+    (tmp_path / "ifaces.py").write_text(
+        "import json, socket\nprint('IFACES', json.dumps(sorted(n for _, n in socket.if_nameindex())))\n")
+    spec = {"name": "ifaces", "entry_point": {"script": str(tmp_path / "ifaces.py")},
+            "instance_groups": [{"name": "g", "hosts": 2}], "distribution": "allreduce",
+            "output_dir": str(tmp_path / "run")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    r = run_cli("launch", tmp_path / "job.yaml")
+    assert r.stdout.count('IFACES ["lo"]') == 2
+    r = run_cli("launch", "--network", "host", tmp_path / "job.yaml")
+    assert r.stdout.count("IFACES") == 2 and r.stdout.count('IFACES ["lo"]') < 2

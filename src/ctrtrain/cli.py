@@ -341,6 +341,10 @@ def _launch_commands(sub):
     p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
     p.add_argument("--time-limit", type=float, default=None, help="override the spec's time_limit (s)")
     p.add_argument("--quiet", action="store_true", help="no per-process console lines (logs still written)")
+    p.add_argument("--network", choices=["loopback", "host"], default="loopback",
+                   help="loopback (default): run the job in a network namespace with only a "
+                        "loopback interface, so its servers cannot be reached from outside; "
+                        "host: the machine's network")
     p.set_defaults(func=cmd_launch)
 
 
@@ -352,7 +356,12 @@ def cmd_launch(a):
         over["output_dir"] = os.path.abspath(a.output_dir)
     if a.time_limit:
         over["time_limit"] = a.time_limit
-    spec = load_spec(a.spec, over)
+    spec = load_spec(a.spec, over)   # spec errors first, before any re-execution
+    if a.network == "loopback":
+        from .launch import netns
+        if netns.isolate(a.argv) == "unavailable":
+            print("warning: no user network namespaces here: the job's servers listen on every "
+                  "interface (docs/reliability.md)", file=sys.stderr)
     s = launch(spec, console=not a.quiet)
     print(f"job {s['job']} finished in {s['seconds']:.1f} s; model: {s.get('model')}")
 
@@ -453,7 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # to re-run the same command (launch's network namespace)
     try:
         args.func(args)
     except CtrError as e:
