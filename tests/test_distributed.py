@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
 from test_launch import alive, spec_from_example
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -76,6 +76,18 @@ def pid_of(run, label):
     raise KeyError(label)
 
 
+def signal_mid_training(tmp_path, example, data, victim, sig, timeout=120, **over):
+    """Starts the job, sends `sig` to `victim` once training logs, waits for the job's end.
+    Returns (exit code, stdout, stderr, seconds from the signal to the end, run dir)."""
+    over.setdefault("hyperparameters", {"epochs": 3, "batch_size": 256, "log_every": 5})
+    proc, run = start(tmp_path, example, data, **over)
+    wait_for(lambda: events(run, "train"), proc)
+    sent = time.monotonic()
+    os.kill(pid_of(run, victim), sig)
+    code, out, err = finish(proc, timeout=timeout)
+    return code, out, err, time.monotonic() - sent, run
+
+
 def finish(proc, timeout=600):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
@@ -103,13 +115,8 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path, data, undisturb
 
 
 def test_allreduce_rank_killed_fails_fast_naming_it(tmp_path, data):
-    proc, run = start(tmp_path, "deepfm-allreduce", data,
-                      hyperparameters={"epochs": 3, "batch_size": 256, "log_every": 5})
-    wait_for(lambda: events(run, "train"), proc)
-    killed = time.monotonic()
-    os.kill(pid_of(run, "algo-2/worker/1"), signal.SIGKILL)
-    code, out, err = finish(proc, timeout=120)
-    detect = time.monotonic() - killed
+    code, out, err, detect, run = signal_mid_training(tmp_path, "deepfm-allreduce", data,
+                                                      "algo-2/worker/1", signal.SIGKILL)
     assert code == 2 and "algo-2/worker/1 exited with status -9" in err
     assert detect < 30, detect
     assert alive(run)[1] == []
@@ -117,13 +124,9 @@ def test_allreduce_rank_killed_fails_fast_naming_it(tmp_path, data):
 
 
 def test_allreduce_rank_hung_is_torn_down_by_the_watchdog(tmp_path, data):
-    proc, run = start(tmp_path, "deepfm-allreduce", data, watchdog=15,
-                      hyperparameters={"epochs": 3, "batch_size": 256, "log_every": 5})
-    wait_for(lambda: events(run, "train"), proc)
-    stopped = time.monotonic()
-    os.kill(pid_of(run, "algo-2/worker/1"), signal.SIGSTOP)
-    code, out, err = finish(proc, timeout=180)
-    detect = time.monotonic() - stopped
+    code, out, err, detect, run = signal_mid_training(tmp_path, "deepfm-allreduce", data,
+                                                      "algo-2/worker/1", signal.SIGSTOP,
+                                                      timeout=180, watchdog=15)
     # Whichever notices first names the hung rank: TensorFlow's coordination service (the
     # stopped task misses its heartbeats; the other rank's collective aborts and it exits), or
     # the launcher's watchdog (no output from anyone; /proc says who is stopped).
@@ -166,14 +169,9 @@ def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, d
 def test_a_dead_server_fails_the_job_at_once(tmp_path, data, example, victim, over):
     # Parameter servers hold state nobody else has, and a tf.data worker's share of the epoch
     # would be lost: the job fails, naming the process, instead of hanging or going on.
-    proc, run = start(tmp_path, example, data,
-                      hyperparameters={"epochs": 3, "batch_size": 256, "log_every": 5}, **over)
-    wait_for(lambda: events(run, "train"), proc)
-    killed = time.monotonic()
-    os.kill(pid_of(run, victim), signal.SIGKILL)
-    code, out, err = finish(proc, timeout=120)
+    code, out, err, detect, run = signal_mid_training(tmp_path, example, data, victim,
+                                                      signal.SIGKILL, **over)
     assert code == 2 and f"{victim} exited with status -9" in err, err[-2000:]
-    detect = time.monotonic() - killed
     assert detect < 30
     assert alive(run)[1] == []
     record(f"{example}: {victim} SIGKILLed", detect_s=round(detect, 1), outcome="failed fast")

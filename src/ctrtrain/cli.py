@@ -283,6 +283,10 @@ def _train_commands(sub):
     g.add_argument("--intra-op-threads", type=int, default=0, help="0 = automatic")
     g.add_argument("--inter-op-threads", type=int, default=0)
     g.add_argument("--data-threads", type=int, default=0)
+    g = p.add_argument_group("distribution (multi-process modes run through `ctrtrain launch`)")
+    g.add_argument("--mode", choices=["single", "mirrored"], default="single",
+                   help="mirrored: MirroredStrategy over this host's GPUs, or --devices logical CPUs")
+    g.add_argument("--devices", type=int, default=d.devices)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-export", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -312,7 +316,8 @@ def train_config_from_args(a):
         checkpoint_every=a.checkpoint_every, checkpoint_secs=a.checkpoint_secs,
         keep_checkpoints=a.keep_checkpoints, xla=a.xla, mixed_precision=a.mixed_precision,
         threads=ThreadConfig(a.intra_op_threads, a.inter_op_threads, a.data_threads),
-        seed=a.seed, export=not a.no_export, progress=not a.quiet)
+        seed=a.seed, export=not a.no_export, progress=not a.quiet,
+        mode=a.mode, devices=a.devices)
 
 
 def cmd_train(a):

@@ -33,14 +33,16 @@ def assign(ch: Channel, hosts: list[str]) -> tuple[dict[str, list[str]], list[st
     share = {h: files[i::len(hosts)] for i, h in enumerate(hosts)}
     warnings = []
     counts = sorted(len(v) for v in share.values())
-    if counts[0] == 0:
-        # Its processes would have nothing to read: refused before anything starts (a rank
-        # without data would otherwise stop early and leave the others in a collective).
-        empty = [h for h, v in share.items() if not v]
-        raise ConfigError(f"channel {ch.name}: ShardedByS3Key over {len(hosts)} hosts gives "
-                          f"{', '.join(empty)} no file ({len(files)} files); use FullyReplicated "
-                          "or at least as many files as hosts")
-    if counts[0] != counts[-1]:
+    empty = [h for h, v in share.items() if not v]
+    msg = (f"channel {ch.name}: ShardedByS3Key over {len(hosts)} hosts gives {', '.join(empty)} "
+           f"no file ({len(files)} files); use FullyReplicated or at least as many files as hosts")
+    if empty and ch.name.startswith("train"):
+        # Its training processes would have nothing to read: refused before anything starts
+        # (a rank without data would stop early and leave the others in a collective).
+        raise ConfigError(msg)
+    if empty:
+        warnings.append(msg)
+    elif counts[0] != counts[-1]:
         warnings.append(f"channel {ch.name}: {len(files)} files do not divide evenly over "
                         f"{len(hosts)} hosts (ShardedByS3Key gives {counts[0]} to {counts[-1]} per host)")
     return share, warnings
