@@ -202,19 +202,45 @@ def _bench_commands(sub):
     p = bsub.add_parser("modes", help="DeepFM in each distribution mode via launch: overhead vs single")
     p.add_argument("--modes", type=lambda s: s.split(","),
                    default=["single", "mirrored", "allreduce", "horovod", "parameter_server",
-                            "allreduce+data_service"])
+                            "allreduce+data_service"],
+                   help="cells: a mode, +data_service, :key=value settings "
+                        "(e.g. allreduce:sparse_reduce=dense)")
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--feature-size", type=int, default=100_000)
     p.add_argument("--batch-size", type=int, default=1024, help="per process / replica")
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=120, help="example budget = steps x batch size")
+    p.add_argument("--prices", default=None, help="price table YAML (default: the shipped one)")
     p.add_argument("--work-dir", default="runs/bench-modes")
-    p.add_argument("--json", default=None)
+    p.add_argument("--out", default=None, help="write the report (JSON, CSV, Markdown, PNG) here")
     p.set_defaults(func=cmd_bench_modes)
+    p = bsub.add_parser("matrix", help="a matrix of modes and settings from a YAML file: "
+                                       "ranking, cost, recommendation, plots")
+    p.add_argument("matrix", help="matrix YAML (see ctrtrain/bench/matrix.py; docs/bench-matrix.yaml)")
+    p.add_argument("--prices", default=None, help="price table YAML (default: the shipped one)")
+    p.add_argument("--work-dir", default="runs/bench-matrix")
+    p.add_argument("--out", default="runs/bench-matrix/report")
+    p.set_defaults(func=cmd_bench_matrix)
 
 
 def cmd_bench_modes(a):
-    from .bench.modes import run_modes
-    run_modes(a.modes, a.rows, a.feature_size, a.batch_size, a.steps, a.work_dir, a.json)
+    from .bench.matrix import mode_cells, run_matrix
+    run_matrix({"data": {"rows": a.rows, "feature_size": a.feature_size},
+                "budget": a.steps * a.batch_size, "defaults": {"batch_size": a.batch_size},
+                "cells": mode_cells(a.modes), "prices": a.prices},
+               a.work_dir, a.out)
+
+
+def cmd_bench_matrix(a):
+    from .bench.matrix import load_matrix, run_matrix
+    matrix = load_matrix(a.matrix)
+    if a.prices:
+        matrix["prices"] = a.prices
+    run_matrix(matrix, a.work_dir, a.out)
+
+
+def cmd_tune(a):
+    from .bench.tune import tune
+    tune(a.data, a.rows, a.feature_size, a.out, a.steps, a.work_dir)
 
 
 def cmd_bench_train(a):
@@ -266,7 +292,8 @@ def _train_commands(sub):
     g.add_argument("--optimizer", choices=["adam", "adagrad", "ftrl", "sgd", "momentum"], default=d.optimizer)
     g.add_argument("--learning-rate", type=float, default=d.learning_rate)
     g = p.add_argument_group("schedule")
-    g.add_argument("--batch-size", type=int, default=d.batch_size)
+    g.add_argument("--batch-size", type=int, default=None,
+                   help=f"default: the tuned one (ctrtrain tune), else {d.batch_size}")
     g.add_argument("--epochs", type=float, default=d.epochs)
     g.add_argument("--steps", type=int, default=None, help="overrides --epochs")
     g.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer)
@@ -306,6 +333,9 @@ def _train_commands(sub):
 def train_config_from_args(a):
     from .train.loop import TrainConfig
     from .train.threads import ThreadConfig
+    from .train.tuned import tuned_settings
+    if a.batch_size is None:
+        a.batch_size = tuned_settings().get("batch_size") or TrainConfig("", "").batch_size
     return TrainConfig(
         train_dir=a.train_dir, model_dir=a.model_dir, valid_dir=a.valid_dir, test_dir=a.test_dir,
         feature_size=a.feature_size, embedding_size=a.embedding_size, deep_layers=tuple(a.deep_layers), dropout=a.dropout,
@@ -336,6 +366,19 @@ def cmd_predict(a):
     n = predict(a.model, a.input, a.out, input_format=a.input_format, vocab=a.vocab,
                 has_label=not a.no_label, batch=a.batch_size)
     print(f"wrote {n:,} predictions to {a.out}")
+
+
+def _tune_command(sub):
+    p = sub.add_parser("tune", help="find this host's fastest thread settings and batch size; "
+                                    "train and launch then use them")
+    p.add_argument("--data", default=None, help="a TFRecord training directory (default: synthesized)")
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--feature-size", type=int, default=100_000)
+    p.add_argument("--steps", type=int, default=60, help="measured steps per candidate")
+    p.add_argument("--out", default=None,
+                   help="where to write (default: $CTRTRAIN_TUNED or ~/.config/ctrtrain/tuned.json)")
+    p.add_argument("--work-dir", default="runs/tune")
+    p.set_defaults(func=cmd_tune)
 
 
 def _launch_commands(sub):
@@ -460,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     _launch_commands(sub)
     _run_command(sub)
     _bench_commands(sub)
+    _tune_command(sub)
     _quickstart_command(sub)
     return parser
 

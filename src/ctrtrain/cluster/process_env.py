@@ -29,6 +29,15 @@ def process_env(p: Process, procs: list[Process], cores: int,
         env["CTRTRAIN_DATA_SERVICE_MODE"] = processing_mode
     # Every TF process on a host shares its cores: split them instead of each taking all.
     share = max(1, cores // max(1, len(on_host)))
+    if len(on_host) == 1 and not (p.tf_config and "ps" in p.tf_config["cluster"]):
+        # Alone on its host: what `ctrtrain tune` measured best here, if it ran (tuned.py).
+        from ..train.tuned import tuned_settings
+        tuned = tuned_settings()
+        if tuned.get("intra_op_threads"):
+            env["TF_NUM_INTRAOP_THREADS"] = str(tuned["intra_op_threads"])
+            env["TF_NUM_INTEROP_THREADS"] = str(tuned.get("inter_op_threads") or 2)
+            env["OMP_NUM_THREADS"] = str(tuned["intra_op_threads"])
+            return env
     env["TF_NUM_INTRAOP_THREADS"] = str(share)
     if p.tf_config and "ps" in p.tf_config["cluster"]:
         # ParameterServerStrategy hangs on small hosts with too few inter-op threads (DESIGN 4).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -37,6 +38,9 @@ def parse_hyperparameters(argv):
             p.add_argument(f"--{f.name}", type=int, default=None)
         else:
             p.add_argument(f"--{f.name}", type=type(default), default=default)
+    # Thread settings (0 = automatic: the launcher's share of the host, or the tuned values).
+    for name in ("intra_op_threads", "inter_op_threads", "data_threads"):
+        p.add_argument(f"--{name}", type=int, default=0)
     return p.parse_args(argv)
 
 
@@ -46,8 +50,17 @@ def main(argv=None) -> int:
     from ..data.sharding import plan_from_env
     from ..train.loop import TrainConfig, train
     from ..train.runtime import detect_mode
+    from ..train.threads import ThreadConfig
+    from ..usage import print_usage
     channel = lambda name: env.get(f"SM_CHANNEL_{name}")  # noqa: E731
     mode = detect_mode(env)
+    modes = {k: v.get("TrainingInputMode") for k, v in
+             json.loads(env.get("SM_INPUT_DATA_CONFIG", "{}")).items()}
+    if "Pipe" in modes.values():
+        print(f"the deepfm recipe reads File channels (ctrtrain data directories); channels "
+              f"{sorted(k for k, v in modes.items() if v == 'Pipe')} are Pipe mode, which is for "
+              "scripts that read the FIFO stream themselves", file=sys.stderr)
+        return 2
     plan = None if mode in ("single", "mirrored", "parameter_server") else plan_from_env("training", env)
     train_dir = channel(plan.channel.upper()) if plan else channel("TRAINING")
     if not train_dir:
@@ -55,14 +68,20 @@ def main(argv=None) -> int:
         return 2
     output = Path(env.get("SM_OUTPUT_DIR", "output"))
     ckpt_dir = output.parent / "checkpoints"
+    hps = vars(hp)
+    threads = ThreadConfig(hps.pop("intra_op_threads"), hps.pop("inter_op_threads"),
+                           hps.pop("data_threads"))
     cfg = TrainConfig(train_dir=train_dir, valid_dir=channel("VALIDATION"),
                       test_dir=channel("TEST"), model_dir=str(ckpt_dir), progress=False,
                       mode=mode, read_plan=plan, data_service=env.get("CTRTRAIN_DATA_SERVICE"),
                       processing_mode=env.get("CTRTRAIN_DATA_SERVICE_MODE", "parallel_epochs"),
-                      **{k: v for k, v in vars(hp).items()})
+                      threads=threads, **hps)
     if plan:
         print(f"reading {plan}", flush=True)
-    r = train(cfg)
+    try:
+        r = train(cfg)
+    finally:
+        print_usage()
     if not r.get("chief", True):
         return 0
     model_dir = Path(env.get("SM_MODEL_DIR", "model"))

@@ -48,6 +48,7 @@ class TrainConfig:
     steps: int | None = None          # overrides epochs
     shuffle_buffer: int = 10_000
     cache: bool = False
+    parse: str = "vectorized"         # input parsing: vectorized (batch, then parse) | scalar
     log_every: int = 100
     eval_every: int = 0               # steps; 0 = evaluate at the end only
     checkpoint_every: int = 1000      # steps; 0 = only at the end
@@ -162,7 +163,7 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     plan = None if cfg.data_service else cfg.read_plan
     seed = cfg.seed if cfg.data_service else seed
     pcfg = PipelineConfig(batch_size=batch_size, shuffle_buffer=cfg.shuffle_buffer,
-                          cache=cfg.cache, seed=seed,
+                          cache=cfg.cache, seed=seed, parse=cfg.parse,
                           label_format=m.label_format if m.format == "libsvm" else "01")
     ds = make_dataset(m.paths(cfg.train_dir), m.field_size, fmt=m.format,
                       compression=m.compression, cfg=pcfg,

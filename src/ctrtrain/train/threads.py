@@ -21,13 +21,17 @@ class ThreadConfig:
     omp: int = 0           # OMP_NUM_THREADS (oneDNN); only effective before TF starts
 
     def resolved(self, cores: int | None = None) -> "ThreadConfig":
+        from .tuned import tuned_settings
         cores = cores or _usable_cores()
-        # A launched process gets its share of the host in TF_NUM_*_THREADS (process_env.py).
+        # Explicit settings, then a launched process's share of its host (TF_NUM_*_THREADS,
+        # process_env.py), then what `ctrtrain tune` measured best here, then the defaults.
         env = lambda k: int(os.environ.get(k, "0") or 0)  # noqa: E731
-        intra = self.intra_op or env("TF_NUM_INTRAOP_THREADS") or cores
+        tuned = tuned_settings()
+        intra = self.intra_op or env("TF_NUM_INTRAOP_THREADS") or tuned.get("intra_op_threads") \
+            or cores
         return ThreadConfig(intra_op=intra,
                             inter_op=self.inter_op or env("TF_NUM_INTEROP_THREADS")
-                            or max(2, min(4, cores // 2)),
+                            or tuned.get("inter_op_threads") or max(2, min(4, cores // 2)),
                             data=self.data or max(1, intra // 2),
                             omp=self.omp or env("OMP_NUM_THREADS") or intra)
 

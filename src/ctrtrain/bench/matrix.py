@@ -1,0 +1,224 @@
+"""`ctrtrain bench matrix`: DeepFM over a matrix of settings, each cell a real `ctrtrain launch`
+of the DeepFM recipe on the same synthesized data, then a ranking with costs and a
+recommendation (report.py).
+
+A matrix file (YAML) has `data` (rows, feature_size), `budget` (training examples per cell: every
+cell sees as many, so their test AUCs compare), `repeats`, `defaults` (the settings of a cell),
+and `cells` (a list of overrides, each with a `name`) and/or `axes` (setting -> values: their
+cross product). Settings:
+
+  mode: single | mirrored | allreduce | horovod | parameter_server
+  data_service: false | true (a separate one-host data group; allreduce / parameter_server)
+  hosts, processes_per_host, parameter_servers_per_host, devices (mirrored)
+  instance_type (for the cost; data_instance_type for the data-service group)
+  batch_size (per process / replica), intra_op_threads, inter_op_threads, data_threads
+  format: tfrecord | libsvm, parse: vectorized | scalar, input_mode: File | Pipe
+  cache, mixed_precision, xla: true | false;  learning_rate, optimizer
+  sparse_reduce: gather | dense (table gradients across replicas)
+
+Per cell: examples/s (global, the median over repeats of the median of the step windows after
+the first), step time, input-bound share, CPU utilisation and peak RSS of every process, test
+AUC after the budget. A failing cell is recorded with its error and the matrix goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from ..errors import ConfigError
+from ..progress import bar
+from ..usage import parse_usage
+from .machine import describe_machine
+
+ROOT = Path(__file__).resolve().parents[3]
+HVD_PYTHON = ROOT / ".venv-hvd" / "bin" / "python"
+EXAMPLES = ROOT / "examples"
+SPEC_OF_MODE = {"single": "deepfm-single", "mirrored": "deepfm-mirrored",
+                "allreduce": "deepfm-allreduce", "horovod": "horovod",
+                "parameter_server": "deepfm-parameter-server"}
+DEFAULTS = {"mode": "single", "data_service": False, "hosts": 1, "processes_per_host": 1,
+            "parameter_servers_per_host": 1, "devices": 2, "instance_type": "ml.c5.xlarge",
+            "data_instance_type": "ml.c5.xlarge", "batch_size": 1024, "intra_op_threads": 0,
+            "inter_op_threads": 0, "data_threads": 0, "format": "tfrecord", "parse": "vectorized",
+            "input_mode": "File", "cache": False, "mixed_precision": False, "xla": False,
+            "learning_rate": 0.001, "optimizer": "adam", "sparse_reduce": "gather"}
+HYPERPARAMETERS = ("batch_size", "intra_op_threads", "inter_op_threads", "data_threads", "parse",
+                   "cache", "mixed_precision", "xla", "learning_rate", "optimizer", "devices",
+                   "sparse_reduce")
+
+
+def mode_cells(specs: list[str]) -> list[dict]:
+    """`allreduce+data_service:sparse_reduce=dense` -> a cell of that mode, with a data-service
+    group, and those settings (values parsed as YAML)."""
+    cells = []
+    for spec in specs:
+        head, _, extra = spec.partition(":")
+        mode, _, ds = head.partition("+")
+        cell = {"name": spec, "mode": mode, "data_service": ds == "data_service"}
+        cell.update({k: yaml.safe_load(v) for k, v in
+                     (kv.split("=", 1) for kv in extra.split(",") if kv)})
+        cells.append(cell)
+    return cells
+
+
+def load_matrix(path: str | None = None, text: str | None = None) -> dict:
+    raw = yaml.safe_load(text if text is not None else Path(path).read_text()) or {}
+    unknown = set(raw) - {"data", "budget", "repeats", "defaults", "cells", "axes", "prices",
+                          "train_examples"}
+    if unknown:
+        raise ConfigError(f"matrix: unknown keys {sorted(unknown)}")
+    return raw
+
+
+def expand_cells(matrix: dict) -> list[dict]:
+    """Every cell's full settings: defaults, then the matrix's defaults, then the cell's."""
+    base = {**DEFAULTS, **(matrix.get("defaults") or {})}
+    cells = [dict(c) for c in matrix.get("cells") or []]
+    axes = matrix.get("axes") or {}
+    if axes:
+        keys = list(axes)
+        for values in itertools.product(*(axes[k] for k in keys)):
+            c = dict(zip(keys, values))
+            c.setdefault("name", ",".join(f"{k}={v}" for k, v in c.items()))
+            cells.append(c)
+    if not cells:
+        cells = [{"name": "defaults"}]
+    out = []
+    for c in cells:
+        if "name" not in c:
+            raise ConfigError(f"matrix: a cell without a name: {c}")
+        unknown = set(c) - set(DEFAULTS) - {"name"}
+        if unknown:
+            raise ConfigError(f"matrix cell {c['name']}: unknown settings {sorted(unknown)}")
+        full = {**base, **c}
+        if full["mode"] not in SPEC_OF_MODE:
+            raise ConfigError(f"matrix cell {c['name']}: unknown mode {full['mode']!r}")
+        out.append(full)
+    return out
+
+
+def prepare_data(work: Path, rows: int, feature_size: int) -> dict[str, Path]:
+    """Synthesized train/test splits as TFRecord and libsvm data directories, made once."""
+    from ..data.convert import libsvm_to_tfrecord
+    from ..data.manifest import MANIFEST_NAME, read_manifest
+    from ..data.synth import SynthConfig, synthesize
+    out = work / f"data-{rows}-{feature_size}"
+    dirs = {"libsvm": out / "raw" / "train", "tfrecord": out / "tf" / "train",
+            "test": out / "tf" / "test"}
+    if all((d / MANIFEST_NAME).exists() for d in dirs.values()):
+        return dirs
+    synthesize(out / "raw", SynthConfig(rows=rows, feature_size=feature_size, valid_fraction=0.0,
+                                        test_fraction=0.1, files_per_split=4), overwrite=True)
+    for split, shards in (("train", 8), ("test", 2)):
+        m = read_manifest(out / "raw" / split)
+        libsvm_to_tfrecord(m.paths(out / "raw" / split), out / "tf" / split, field_size=m.field_size,
+                           feature_size=m.feature_size, shards=shards, overwrite=True)
+    return dirs
+
+
+def cell_spec(cell: dict, data: dict[str, Path], steps: int, out: Path) -> dict:
+    """The job spec of a cell: its mode's example spec with the cell's settings."""
+    spec = yaml.safe_load((EXAMPLES / f"{SPEC_OF_MODE[cell['mode']]}.yaml").read_text())
+    spec["name"] = "bench"
+    spec["output_dir"] = str(out)
+    spec["hyperparameters"] = {**{k: cell[k] for k in HYPERPARAMETERS}, "steps": steps,
+                               "log_every": max(5, steps // 8), "export": False,
+                               "checkpoint_every": 0}
+    spec["instance_groups"] = [{"name": "train", "hosts": cell["hosts"],
+                                "processes_per_host": cell["processes_per_host"],
+                                "instance_type": cell["instance_type"]}]
+    dist = {"mode": cell["mode"]}
+    if cell["mode"] == "parameter_server":
+        dist["parameter_servers_per_host"] = cell["parameter_servers_per_host"]
+    if cell["data_service"]:
+        spec["instance_groups"].append({"name": "data", "hosts": 1,
+                                        "instance_type": cell["data_instance_type"]})
+        dist["data_service"] = {"group": "data", "processing_mode": "distributed_epoch"}
+    spec["distribution"] = dist
+    spec["channels"] = {"training": {"path": str(data[cell["format"]]),
+                                     "input_mode": cell["input_mode"]},
+                        "test": {"path": str(data["test"])}}
+    spec["time_limit"] = 1800
+    return spec
+
+
+def run_cell(cell: dict, data: dict[str, Path], budget: int, work: Path) -> dict:
+    """One launch of a cell; its measurements, or {"error": ...}."""
+    replicas = cell["hosts"] * cell["processes_per_host"] if cell["mode"] in ("allreduce", "horovod") \
+        else (cell["devices"] if cell["mode"] == "mirrored" else 1)
+    global_batch = cell["batch_size"] * replicas
+    steps = max(10, budget // global_batch)
+    out = work / "cells" / cell["name"].replace("/", "_")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    spec_path = out.with_suffix(".yaml")
+    spec_path.write_text(yaml.safe_dump(cell_spec(cell, data, steps, out)))
+    python = str(HVD_PYTHON) if cell["mode"] == "horovod" else sys.executable
+    if cell["mode"] == "horovod" and not HVD_PYTHON.exists():
+        return {"error": "no Horovod environment (scripts/horovod_env.sh)"}
+    r = subprocess.run([python, "-m", "ctrtrain.cli", "launch", "--quiet", str(spec_path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        return {"error": lines[0][:300] if lines else f"exit {r.returncode}"}
+    res = json.loads((out / "checkpoints" / "result.json").read_text())
+    windows = res["windows"][1:] or res["windows"]
+    eps = statistics.median(w["examples_per_s"] for w in windows)
+    gb = res.get("global_batch", global_batch)
+    procs = {}
+    for log in sorted((out / "logs").glob("*.log")):
+        u = parse_usage(log.read_text(errors="replace"))
+        if u:
+            procs[log.stem] = u
+    return {"examples_per_s": eps, "step_ms": 1000 * gb / eps, "global_batch": gb,
+            "steps": res["step"], "examples": res["step"] * gb,
+            "input_bound": res.get("input_bound"), "auc": (res.get("test") or {}).get("auc"),
+            "processes": procs,
+            "peak_rss_mb": max((u["max_rss_mb"] for u in procs.values()), default=None),
+            "cpu_util": {k: u["cpu_util"] for k, u in procs.items()}}
+
+
+def run_matrix(matrix: dict, work_dir: str, out_dir: str | None = None, progress=True) -> dict:
+    from .cost import load_prices
+    from .report import write_report
+    work = Path(work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    d = matrix.get("data") or {}
+    data = prepare_data(work, int(d.get("rows", 200_000)), int(d.get("feature_size", 100_000)))
+    budget = int(matrix.get("budget", 200_000))
+    repeats = int(matrix.get("repeats", 1))
+    cells = expand_cells(matrix)
+    results = []
+    with bar(total=len(cells) * repeats, desc="bench matrix", unit="run",
+             disable=None if progress else True) as pb:
+        for cell in cells:
+            runs = []
+            for _ in range(repeats):
+                runs.append(run_cell(cell, data, budget, work))
+                pb.update(1)
+            ok = [r for r in runs if "error" not in r]
+            if ok:
+                best = sorted(ok, key=lambda r: r["examples_per_s"])[len(ok) // 2]  # the median run
+                res = {**best, "runs": [r["examples_per_s"] for r in ok]}
+            else:
+                res = {"error": runs[0]["error"]}
+            results.append({"cell": cell, **res})
+            shown = f"{res['examples_per_s']:,.0f} ex/s" if "examples_per_s" in res else \
+                f"failed: {res['error']}"
+            print(f"{cell['name']:32s} {shown}", flush=True)
+    report = {"machine": describe_machine(), "data": d, "budget": budget, "repeats": repeats,
+              "train_examples": matrix.get("train_examples", 45_840_617),
+              "cells": results}
+    prices = load_prices(matrix.get("prices"))
+    if out_dir:
+        write_report(copy.deepcopy(report), prices, Path(out_dir))
+    return report

@@ -1,0 +1,39 @@
+"""A process's resource use as one tagged log line, for the benchmark: CPU seconds, wall
+seconds since the process started, peak RSS. Training processes print it when they end,
+servers when they are told to stop (SIGTERM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+
+TAG = "ctrtrain-usage"
+
+
+def usage() -> dict:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    wall = None
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            wall = float(f.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    cpu = ru.ru_utime + ru.ru_stime
+    return {"cpu_s": round(cpu, 2), "wall_s": round(wall, 2) if wall else None,
+            "cpu_util": round(cpu / wall, 3) if wall else None,
+            "max_rss_mb": round(ru.ru_maxrss / 1024, 1)}
+
+
+def print_usage() -> None:
+    print(f"{TAG} {json.dumps(usage())}", flush=True)
+
+
+def parse_usage(text: str) -> dict | None:
+    """The last usage line in a process's log, or None."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(TAG + " "):
+            return json.loads(line[len(TAG) + 1:])
+    return None

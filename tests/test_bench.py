@@ -1,0 +1,120 @@
+"""The benchmark matrix (a tiny real one), its cost maths and recommendation (on recorded
+results), and `ctrtrain tune` writing settings that training then uses."""
+
+import json
+import os
+
+import pytest
+
+from conftest import run_cli
+from ctrtrain.bench.cost import cost, hourly, load_prices
+from ctrtrain.bench.matrix import DEFAULTS, expand_cells, load_matrix, mode_cells
+from ctrtrain.bench.report import write_report
+from ctrtrain.errors import ConfigError
+
+PRICES = {"instances": {"ml.c5.xlarge": {"usd_per_hour": 0.204},
+                        "ml.c5.4xlarge": {"usd_per_hour": 0.816},
+                        "ml.p3.2xlarge": {"usd_per_hour": 3.825}}}
+
+
+def test_cost_maths():
+    cell = {**DEFAULTS, "hosts": 2, "instance_type": "ml.c5.xlarge", "data_service": True,
+            "data_instance_type": "ml.c5.4xlarge"}
+    assert hourly(cell, PRICES) == pytest.approx(2 * 0.204 + 0.816)
+    c = cost(cell, 10_000, PRICES, 45_840_617)
+    assert c["usd_per_million_examples"] == pytest.approx(1.224 / 36_000_000 * 1e6)
+    assert c["hours_to_train"] == pytest.approx(45_840_617 / 10_000 / 3600)
+    assert c["usd_to_train"] == pytest.approx(1.224 * 45_840_617 / 10_000 / 3600)
+    with pytest.raises(ConfigError, match="no price for instance type 'ml.x'"):
+        hourly({**cell, "instance_type": "ml.x"}, PRICES)
+    shipped = load_prices()
+    assert shipped["instances"]["ml.c5.xlarge"]["usd_per_hour"] > 0 and shipped["date"]
+
+
+def recorded(name, eps, input_bound, instance="ml.c5.xlarge", hosts=1, mode="single"):
+    return {"cell": {**DEFAULTS, "name": name, "mode": mode, "instance_type": instance,
+                     "hosts": hosts},
+            "examples_per_s": eps, "step_ms": 1024 / eps * 1000, "input_bound": input_bound,
+            "auc": 0.78, "peak_rss_mb": 900}
+
+
+def test_recommendation_on_recorded_results(tmp_path):
+    # A GPU instance that is fastest but input-bound, against two CPU cells (the shape of the
+    # SageMaker heterogeneous-cluster comparison).
+    report = {"machine": {"cpu": "x", "cores": 2}, "data": {"rows": 1}, "budget": 1000, "repeats": 1,
+              "train_examples": 45_840_617,
+              "cells": [recorded("gpu", 90_000, 0.55, "ml.p3.2xlarge"),
+                        recorded("cpu-1", 50_000, 0.04),
+                        recorded("cpu-2hosts", 60_000, 0.06, hosts=2, mode="allreduce"),
+                        {"cell": {**DEFAULTS, "name": "broken"}, "error": "exit 2"}]}
+    rec = write_report(report, PRICES, tmp_path)
+    assert rec["fastest"] == "gpu" and rec["fastest_margin"] == pytest.approx(0.5)
+    assert rec["cheapest"] == "cpu-1"
+    # cpu-1: 0.204 $/h at 50k/s; cpu-2hosts: 0.408 $/h at 60k/s -> 1 - (0.204/50)/(0.408/60)
+    assert rec["cheapest_margin"] == pytest.approx(1 - (0.204 / 50_000) / (0.408 / 60_000))
+    assert "input-bound (55%" in rec["text"] and "compute-bound" in rec["text"]
+    md = (tmp_path / "matrix.md").read_text()
+    assert md.index("| 1 | gpu |") < md.index("| 2 | cpu-2hosts |") < md.index("| 3 | cpu-1 |")
+    assert "broken: exit 2" in md
+    assert (tmp_path / "matrix.csv").read_text().count("\n") == 5
+    assert (tmp_path / "matrix-throughput.png").stat().st_size > 1000
+    assert (tmp_path / "matrix-time.png").stat().st_size > 1000
+
+
+def test_matrix_cells_from_axes_and_lists():
+    m = load_matrix(text="defaults: {batch_size: 512}\ncells: [{name: a}]\n"
+                         "axes: {mode: [single, allreduce], cache: [false, true]}\n")
+    cells = expand_cells(m)
+    assert [c["name"] for c in cells] == ["a", "mode=single,cache=False", "mode=single,cache=True",
+                                          "mode=allreduce,cache=False", "mode=allreduce,cache=True"]
+    assert all(c["batch_size"] == 512 for c in cells)
+    with pytest.raises(ConfigError, match="unknown settings"):
+        expand_cells({"cells": [{"name": "x", "colour": 1}]})
+    assert mode_cells(["allreduce+data_service:sparse_reduce=dense"]) == [
+        {"name": "allreduce+data_service:sparse_reduce=dense", "mode": "allreduce",
+         "data_service": True, "sparse_reduce": "dense"}]
+
+
+def test_tiny_matrix_end_to_end(tmp_path):
+    (tmp_path / "m.yaml").write_text(
+        "data: {rows: 12000, feature_size: 2000}\nbudget: 7680\n"
+        "defaults: {batch_size: 256}\n"
+        "cells:\n  - {name: single}\n  - {name: allreduce-2, mode: allreduce, hosts: 2}\n"
+        "  - {name: pipe, input_mode: Pipe}\n")
+    run_cli("bench", "matrix", tmp_path / "m.yaml", "--work-dir", tmp_path / "work",
+            "--out", tmp_path / "report", timeout=900)
+    rep = json.loads((tmp_path / "report" / "matrix.json").read_text())
+    cells = {c["cell"]["name"]: c for c in rep["cells"]}
+    assert cells["single"]["examples_per_s"] > 0 and cells["single"]["steps"] == 30
+    assert cells["allreduce-2"]["global_batch"] == 512 and cells["allreduce-2"]["steps"] == 15
+    for name in ("single", "allreduce-2"):
+        c = cells[name]
+        assert 0.5 < c["auc"] < 1 and c["peak_rss_mb"] > 100
+        assert all(0 < u < 3 for u in c["cpu_util"].values()), c["cpu_util"]
+    assert len(cells["allreduce-2"]["processes"]) == 2
+    assert "reads File channels" in cells["pipe"]["error"] or "failed" in cells["pipe"]["error"]
+    assert rep["recommendation"]["fastest"] in ("single", "allreduce-2")
+    for f in ("matrix.csv", "matrix.md", "matrix-throughput.png", "matrix-time.png"):
+        assert (tmp_path / "report" / f).exists()
+
+
+def test_tune_writes_settings_that_training_uses(tmp_path):
+    from trainutil import make_synth
+    make_synth(tmp_path / "d", rows=12_000, feature_size=2_000)
+    tuned = tmp_path / "tuned.json"
+    run_cli("tune", "--data", tmp_path / "d" / "tf" / "train", "--steps", "15", "--out", tuned,
+            timeout=900)
+    rec = json.loads(tuned.read_text())
+    s = rec["settings"]
+    intra_choices = len({len(os.sched_getaffinity(0)), max(1, len(os.sched_getaffinity(0)) // 2)})
+    assert len(rec["tried"]) == intra_choices * 3 + 2   # threads grid, then 2 other batch sizes
+    assert max(t["examples_per_s"] for t in rec["tried"]) == rec["examples_per_s"]
+    # Picked up by `ctrtrain train` (threads and batch size) when no flag says otherwise.
+    run_cli("train", "--train", tmp_path / "d" / "tf" / "train", "--model-dir", tmp_path / "m",
+            "--steps", "3", "--no-export", env={"CTRTRAIN_TUNED": str(tuned)})
+    start = next(json.loads(line) for line in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()
+                 if '"start"' in line)
+    assert start["threads"]["intra_op"] == s["intra_op_threads"]
+    assert start["threads"]["inter_op"] == s["inter_op_threads"]
+    cfg = json.loads((tmp_path / "m" / "train_config.json").read_text())
+    assert cfg["batch_size"] == s["batch_size"]
