@@ -182,7 +182,7 @@ def test_host_without_data_is_refused_before_start(tmp_path, data):
     spec = spec_from_example(tmp_path, "deepfm-allreduce", channels=channels(data, sharded=True),
                              instance_groups=[{"name": "train", "hosts": 5}])
     r = run_cli("launch", spec, check=False)
-    assert r.returncode == 2 and "gives algo-5 no file (4 files)" in r.stderr
+    assert r.returncode == 2 and "gives algo-5 no file or only empty ones (4 files)" in r.stderr
     assert not (tmp_path / "run" / "logs").exists()
 
 
@@ -212,3 +212,29 @@ def test_port_in_use_is_named_before_anything_starts(tmp_path):
         r = run_cli("run", "--hosts", "127.0.0.1", "--host-index", "0", "--mode", "allreduce",
                     "--processes-per-host", "2", "--base-port", str(port), check=False)
     assert r.returncode == 2 and f"port {port} (127.0.0.1/worker/0) is already in use" in r.stderr
+
+
+def test_empty_shard_in_allreduce_finishes(tmp_path, data):
+    # Two training files, one of them empty: file shards would give a rank nothing, so the
+    # sharding plan switches to record shards and both ranks train the same number of steps.
+    import shutil
+
+    from ctrtrain.data.manifest import FileEntry, read_manifest, sha256_file
+    d = tmp_path / "two-files"
+    shutil.copytree(data / "train", d)
+    m = read_manifest(d)
+    keep, drop = m.files[0], m.files[1:]
+    for e in drop[1:]:
+        (d / e.path).unlink()
+    (d / drop[0].path).write_bytes(b"")
+    m.files = [keep, FileEntry(drop[0].path, 0, 0, sha256_file(d / drop[0].path))]
+    m.write(d)
+    proc, run = start(tmp_path, "deepfm-allreduce", data,
+                      channels={"training": {"path": str(d)}, "test": {"path": str(data / "test")}},
+                      hyperparameters={"epochs": 1, "batch_size": 128, "log_every": 10})
+    code, out, err = finish(proc, timeout=600)
+    assert code == 0, err[-3000:]
+    assert "record_shard=(2, 0)" in out and "record_shard=(2, 1)" in out
+    r = json.loads((run / "model" / "result.json").read_text())
+    assert r["step"] == r["total_steps"] == keep.records // 256
+    assert alive(run)[1] == []

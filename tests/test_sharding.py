@@ -58,14 +58,15 @@ def test_every_example_read_exactly_once(tmp_path, distribution, per_worker, sha
     for h, k in itertools.product(range(HOSTS), range(WORKERS_PER_HOST)):
         name = f"training_{k}" if per_worker else "training"
         files = shares[name][hosts[h]]
+        m = read_manifest(dirs[name])
+        by_name = {e.path: e.records for e in m.files}
+        counts = [by_name[f.rsplit("/", 1)[1]] for f in files]
         plan = plan_reads(channel="training", distribution=distribution, input_mode="File",
                           hosts=HOSTS, host_index=h, workers_per_host=WORKERS_PER_HOST,
-                          local_rank=k, channel_per_worker=per_worker, files=len(files))
+                          local_rank=k, channel_per_worker=per_worker, files=counts)
         assert plan.channel == name
-        m = read_manifest(dirs[name])
         got = _read(files, plan, m) if files else []
-        by_name = {e.path: e.records for e in m.files}
-        assert plan.records([by_name[f.rsplit("/", 1)[1]] for f in files]) == len(got)
+        assert plan.records(counts) == len(got)
         seen += got
         readers.append(len(got))
     assert sorted(seen) == expected          # each example once: nothing lost, nothing twice
@@ -77,6 +78,10 @@ def test_file_shards_when_enough_files_else_records():
               host_index=1, workers_per_host=2, local_rank=1, channel_per_worker=False)
     assert plan_reads(files=8, **kw).file_shard == (4, 3)
     assert plan_reads(files=3, **kw).record_shard == (4, 3)
+    # Record counts known: an empty or very uneven file part falls back to record shards.
+    assert plan_reads(files=[100] * 4, **kw).file_shard == (4, 3)
+    assert plan_reads(files=[100, 0, 100, 100], **kw).record_shard == (4, 3)
+    assert plan_reads(files=[500, 100, 100, 100], **kw).record_shard == (4, 3)
     assert plan_reads(**{**kw, "input_mode": "Pipe", "channel_per_worker": True}, files=None) \
         .record_shard == (2, 1)
     one = plan_reads(**{**kw, "hosts": 1, "host_index": 0, "workers_per_host": 1, "local_rank": 0},

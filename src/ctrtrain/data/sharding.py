@@ -13,8 +13,10 @@ per host and the reader's place among them.
 | FullyReplicated  | yes                | part h of hosts of its channel `training_k`       |
 | FullyReplicated  | no                 | part (h*workers_per_host + k) of all workers     |
 
-A "part" is a file shard when there are at least as many files as parts (files are not read
-twice), else a record shard (every n-th record; each reader scans all files). Pipe mode has
+A "part" is a file shard when there are at least as many files as parts and, where the
+per-file record counts are known (a manifest), no part would be empty or hold more than twice
+another's records; else a record shard (every n-th record; each reader scans all files), which
+gives every part data whenever there are at least as many records as parts. Pipe mode has
 no files, only a stream: a part is always a record shard, and a FIFO has one reader, so several
 workers on a host need a channel each. Either way every example is read exactly once per epoch
 across the job (tests/test_sharding.py reads all four cases and checks it).
@@ -51,8 +53,9 @@ class ReadPlan:
 
 def plan_reads(*, channel: str, distribution: str, input_mode: str, hosts: int, host_index: int,
                workers_per_host: int, local_rank: int, channel_per_worker: bool,
-               files: int | None) -> ReadPlan:
-    """`files`: how many files the reader's channel holds on its host (None in Pipe mode)."""
+               files: int | list[int] | None) -> ReadPlan:
+    """`files`: the reader's channel's files on its host: their record counts (from its
+    manifest), or just how many there are, or None (Pipe mode)."""
     if distribution not in DISTRIBUTIONS:
         raise ConfigError(f"channel {channel}: unknown S3 distribution {distribution!r}")
     if not (0 <= host_index < hosts and 0 <= local_rank < workers_per_host):
@@ -70,9 +73,18 @@ def plan_reads(*, channel: str, distribution: str, input_mode: str, hosts: int, 
         parts, part = hosts * workers_per_host, host_index * workers_per_host + local_rank
     if parts == 1:
         return ReadPlan(name)
-    if input_mode == "File" and files is not None and files >= parts:
+    if input_mode == "File" and files is not None and _file_shards_even(files, parts):
         return ReadPlan(name, file_shard=(parts, part))
     return ReadPlan(name, record_shard=(parts, part))
+
+
+def _file_shards_even(files: int | list[int], parts: int) -> bool:
+    if isinstance(files, int):
+        return files >= parts
+    if len(files) < parts:
+        return False
+    per_part = [sum(files[i::parts]) for i in range(parts)]
+    return min(per_part) > 0 and max(per_part) <= 2 * min(per_part)
 
 
 def plan_from_env(channel: str = "training", environ=os.environ) -> ReadPlan:
@@ -93,8 +105,8 @@ def plan_from_env(channel: str = "training", environ=os.environ) -> ReadPlan:
     if input_mode == "File" and path:
         from .files import list_inputs
         from .manifest import MANIFEST_NAME, read_manifest
-        files = len(read_manifest(path).files) if os.path.exists(os.path.join(path, MANIFEST_NAME)) \
-            else len(list_inputs([path]))
+        files = [f.records for f in read_manifest(path).files] \
+            if os.path.exists(os.path.join(path, MANIFEST_NAME)) else len(list_inputs([path]))
     return plan_reads(channel=channel, distribution=config.get("S3DistributionType", "FullyReplicated"),
                       input_mode=input_mode, hosts=len(hosts), host_index=hosts.index(me),
                       workers_per_host=workers_per_host, local_rank=local_rank,

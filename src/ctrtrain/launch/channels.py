@@ -33,9 +33,12 @@ def assign(ch: Channel, hosts: list[str]) -> tuple[dict[str, list[str]], list[st
     share = {h: files[i::len(hosts)] for i, h in enumerate(hosts)}
     warnings = []
     counts = sorted(len(v) for v in share.values())
-    empty = [h for h, v in share.items() if not v]
+    records = _records_by_file(ch)
+    empty = [h for h, v in share.items()
+             if not v or (records is not None and sum(records.get(f, 1) for f in v) == 0)]
     msg = (f"channel {ch.name}: ShardedByS3Key over {len(hosts)} hosts gives {', '.join(empty)} "
-           f"no file ({len(files)} files); use FullyReplicated or at least as many files as hosts")
+           f"no file or only empty ones ({len(files)} files); use FullyReplicated or at least as "
+           "many non-empty files as hosts")
     if empty and ch.name.startswith("train"):
         # Its training processes would have nothing to read: refused before anything starts
         # (a rank without data would stop early and leave the others in a collective).
@@ -46,6 +49,14 @@ def assign(ch: Channel, hosts: list[str]) -> tuple[dict[str, list[str]], list[st
         warnings.append(f"channel {ch.name}: {len(files)} files do not divide evenly over "
                         f"{len(hosts)} hosts (ShardedByS3Key gives {counts[0]} to {counts[-1]} per host)")
     return share, warnings
+
+
+def _records_by_file(ch: Channel) -> dict[str, int] | None:
+    """Record count of each file (full path) from the channel's manifest, if it has one."""
+    if not (os.path.isdir(ch.path) and os.path.exists(os.path.join(ch.path, MANIFEST_NAME))):
+        return None
+    m = read_manifest(ch.path)
+    return dict(zip(m.paths(ch.path), (e.records for e in m.files)))
 
 
 def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:
