@@ -168,8 +168,10 @@ def run_cell(cell: dict, data: dict[str, Path], budget: int, work: Path) -> dict
     r = subprocess.run([python, "-m", "ctrtrain.cli", "launch", "--quiet", str(spec_path)],
                        capture_output=True, text=True)
     if r.returncode != 0:
-        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
-        return {"error": lines[0][:300] if lines else f"exit {r.returncode}"}
+        # The launcher's reason, and the failing process's last line (its own message).
+        lines = [ln.strip() for ln in r.stderr.strip().splitlines() if ln.strip()]
+        tail = [ln for ln in lines[1:] if not ln.startswith("---")]
+        return {"error": " | ".join(x[:300] for x in lines[:1] + tail[-1:]) or f"exit {r.returncode}"}
     res = json.loads((out / "checkpoints" / "result.json").read_text())
     windows = res["windows"][1:] or res["windows"]
     eps = statistics.median(w["examples_per_s"] for w in windows)

@@ -54,11 +54,11 @@ def recommend(ranked: list[dict]) -> dict:
         if len(priced) > 1:
             nxt = priced[1]["cost"]["usd_per_million_examples"]
             out["cheapest_margin"] = 1 - cpm / nxt
-            lines.append(f"Cheapest: **{cheapest['cell']['name']}**, ${cpm:.4f} per million examples, "
+            lines.append(f"Cheapest: **{cheapest['cell']['name']}**, ${cpm:.5f} per million examples, "
                          f"{1 - cpm / nxt:.0%} cheaper than {priced[1]['cell']['name']}; "
                          f"{_why(cheapest)}.")
         else:
-            lines.append(f"Cheapest: **{cheapest['cell']['name']}**, ${cpm:.4f} per million examples.")
+            lines.append(f"Cheapest: **{cheapest['cell']['name']}**, ${cpm:.5f} per million examples.")
     out["text"] = " ".join(lines)
     return out
 
@@ -100,7 +100,7 @@ def markdown(report: dict, ranked: list[dict], rec: dict, prices: dict) -> str:
         auc = "–" if c.get("auc") is None else f"{c['auc']:.4f}"
         out.append(f"| {i} | {c['cell']['name']} | {c['examples_per_s']:,.0f} | {c['step_ms']:.1f} | "
                    f"{ib} | {auc} | {c.get('peak_rss_mb') or '–'} | {k['usd_per_hour']:.3f} | "
-                   f"{k['usd_per_million_examples']:.4f} | {k['hours_to_train']:.2f} | "
+                   f"{k['usd_per_million_examples']:.5f} | {k['hours_to_train']:.2f} | "
                    f"{k['usd_to_train']:.2f} |")
     failed = [c for c in report["cells"] if "error" in c]
     if failed:
