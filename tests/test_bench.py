@@ -72,7 +72,7 @@ def test_matrix_cells_from_axes_and_lists():
         expand_cells({"cells": [{"name": "x", "colour": 1}]})
     assert mode_cells(["allreduce+data_service:sparse_reduce=dense"]) == [
         {"name": "allreduce+data_service:sparse_reduce=dense", "mode": "allreduce",
-         "data_service": True, "sparse_reduce": "dense"}]
+         "data_service": True, "hosts": 2, "sparse_reduce": "dense"}]
 
 
 def test_tiny_matrix_end_to_end(tmp_path):

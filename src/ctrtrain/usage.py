@@ -31,9 +31,14 @@ def print_usage() -> None:
     print(f"{TAG} {json.dumps(usage())}", flush=True)
 
 
-def parse_usage(text: str) -> dict | None:
-    """The last usage line in a process's log, or None."""
-    for line in reversed(text.splitlines()):
-        if line.startswith(TAG + " "):
-            return json.loads(line[len(TAG) + 1:])
-    return None
+def parse_usages(text: str) -> list[dict]:
+    """Every usage line in a log (a launcher like horovodrun may prefix and merge its ranks')."""
+    out = []
+    for line in text.splitlines():
+        i = line.find(TAG + " ")
+        if i >= 0:
+            try:
+                out.append(json.loads(line[i + len(TAG) + 1:]))
+            except ValueError:
+                continue
+    return out

@@ -36,7 +36,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..progress import bar
-from ..usage import parse_usage
+from ..usage import parse_usages
 from .machine import describe_machine
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -57,13 +57,15 @@ HYPERPARAMETERS = ("batch_size", "intra_op_threads", "inter_op_threads", "data_t
 
 
 def mode_cells(specs: list[str]) -> list[dict]:
-    """`allreduce+data_service:sparse_reduce=dense` -> a cell of that mode, with a data-service
-    group, and those settings (values parsed as YAML)."""
+    """`allreduce+data_service:sparse_reduce=dense` -> a cell of that mode (2 hosts for the
+    multi-process modes), with a data-service group, and those settings (parsed as YAML)."""
     cells = []
     for spec in specs:
         head, _, extra = spec.partition(":")
         mode, _, ds = head.partition("+")
-        cell = {"name": spec, "mode": mode, "data_service": ds == "data_service"}
+        # Multi-process modes on 2 hosts, as their example specs (1 would be a single process).
+        cell = {"name": spec, "mode": mode, "data_service": ds == "data_service",
+                "hosts": 2 if mode in ("allreduce", "horovod", "parameter_server") else 1}
         cell.update({k: yaml.safe_load(v) for k, v in
                      (kv.split("=", 1) for kv in extra.split(",") if kv)})
         cells.append(cell)
@@ -178,9 +180,9 @@ def run_cell(cell: dict, data: dict[str, Path], budget: int, work: Path) -> dict
     gb = res.get("global_batch", global_batch)
     procs = {}
     for log in sorted((out / "logs").glob("*.log")):
-        u = parse_usage(log.read_text(errors="replace"))
-        if u:
-            procs[log.stem] = u
+        found = parse_usages(log.read_text(errors="replace"))
+        for i, u in enumerate(found):
+            procs[log.stem if len(found) == 1 else f"{log.stem}[{i}]"] = u
     return {"examples_per_s": eps, "step_ms": 1000 * gb / eps, "global_batch": gb,
             "steps": res["step"], "examples": res["step"] * gb,
             "input_bound": res.get("input_bound"), "auc": (res.get("test") or {}).get("auc"),
