@@ -239,3 +239,23 @@ def test_empty_shard_in_allreduce_finishes(tmp_path, data):
     r = json.loads((run / "model" / "result.json").read_text())
     assert r["step"] == r["total_steps"] == keep.records // 256
     assert alive(run)[1] == []
+
+
+def test_watchdog_tears_down_a_stuck_entry_point(tmp_path):
+    # An entry point that stops making progress without dying: the watchdog (default on, 600 s;
+    # 5 s here) ends the job with the stuck processes' state and last lines.
+    import yaml
+    (tmp_path / "stuck.py").write_text("import time\nprint('loading, then stuck', flush=True)\n"
+                                       "time.sleep(3600)\n")
+    spec = {"name": "stuck", "entry_point": {"script": str(tmp_path / "stuck.py")},
+            "instance_groups": [{"name": "g", "hosts": 2}], "distribution": "allreduce",
+            "output_dir": str(tmp_path / "run"), "watchdog": 5}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    t = time.monotonic()
+    r = run_cli("launch", tmp_path / "job.yaml", check=False)
+    assert r.returncode == 2 and "no progress for 5 s" in r.stderr
+    assert "algo-1/worker/0 [waiting]" in r.stderr and "loading, then stuck" in r.stderr
+    assert time.monotonic() - t < 30 and alive(tmp_path / "run")[1] == []
+    from ctrtrain.launch.spec import parse_spec
+    default = {k: v for k, v in spec.items() if k != "watchdog"}
+    assert parse_spec(default).watchdog == 600   # on by default
