@@ -457,16 +457,16 @@ def cmd_run(a):
         return
     from pathlib import Path
 
+    from .cluster.plan import default_processing_mode
     from .cluster.run import check_ports
     from .launch.supervisor import Supervisor
     check_ports(r.processes)
     kind, target = ("script", a.script) if a.script else (("module", a.module) if a.module
                                                           else ("recipe", "deepfm"))
     sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs")
+    processing = a.processing_mode or default_processing_mode(mode)
     for p in r.processes:
         env = dict(os.environ)
-        processing = a.processing_mode or ("distributed_epoch" if mode == "parameter_server"
-                                          else "parallel_epochs")
         env.update(process_env(p, r.all_processes, os.cpu_count() or 1, processing, mode))
         cmd = process_command(p, kind, target, a.entry_args, [])
         sup.start(p.label, cmd, env, server=p.is_server)

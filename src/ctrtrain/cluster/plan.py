@@ -152,6 +152,12 @@ def plan_cluster(topo: Topology, address=lambda host, slot: f"{host}:{2222 + slo
     return procs
 
 
+def default_processing_mode(mode: str) -> str:
+    """Parameter-server workers share one data-service job that must split each epoch between
+    them (see the module docstring); other modes default to every consumer seeing it all."""
+    return "distributed_epoch" if mode == "parameter_server" else "parallel_epochs"
+
+
 def dispatcher_address(procs: list[Process]) -> str | None:
     d = next((p for p in procs if p.role == "dispatcher"), None)
     return f"grpc://{d.address}" if d else None

@@ -28,24 +28,20 @@ def process_env(p: Process, procs: list[Process], cores: int,
         env["CTRTRAIN_DATA_SERVICE"] = d
         env["CTRTRAIN_DATA_SERVICE_MODE"] = processing_mode
     # Every TF process on a host shares its cores: split them instead of each taking all.
-    share = max(1, cores // max(1, len(on_host)))
-    if len(on_host) == 1 and not (p.tf_config and "ps" in p.tf_config["cluster"]):
+    intra = max(1, cores // max(1, len(on_host)))
+    inter = max(2, intra)
+    if p.tf_config and "ps" in p.tf_config["cluster"]:
+        # ParameterServerStrategy hangs on small hosts with too few inter-op threads (DESIGN 4).
+        inter = len(p.tf_config["cluster"].get("worker", [])) + 1
+        env["GRPC_FAIL_FAST"] = "use_caller"
+    elif len(on_host) == 1:
         # Alone on its host: what `ctrtrain tune` measured best here, if it ran (tuned.py).
         from ..train.tuned import tuned_settings
         tuned = tuned_settings()
         if tuned.get("intra_op_threads"):
-            env["TF_NUM_INTRAOP_THREADS"] = str(tuned["intra_op_threads"])
-            env["TF_NUM_INTEROP_THREADS"] = str(tuned.get("inter_op_threads") or 2)
-            env["OMP_NUM_THREADS"] = str(tuned["intra_op_threads"])
-            return env
-    env["TF_NUM_INTRAOP_THREADS"] = str(share)
-    if p.tf_config and "ps" in p.tf_config["cluster"]:
-        # ParameterServerStrategy hangs on small hosts with too few inter-op threads (DESIGN 4).
-        env["TF_NUM_INTEROP_THREADS"] = str(len(p.tf_config["cluster"].get("worker", [])) + 1)
-        env["GRPC_FAIL_FAST"] = "use_caller"
-    else:
-        env["TF_NUM_INTEROP_THREADS"] = str(max(2, share))
-    env["OMP_NUM_THREADS"] = str(share)
+            intra, inter = tuned["intra_op_threads"], tuned.get("inter_op_threads") or 2
+    env.update(TF_NUM_INTRAOP_THREADS=str(intra), TF_NUM_INTEROP_THREADS=str(inter),
+               OMP_NUM_THREADS=str(intra))
     return env
 
 

@@ -20,22 +20,30 @@ from .spec import Channel
 
 def channel_files(ch: Channel) -> list[str]:
     """The channel's data files, sorted by key (a ctrtrain data dir: those in its manifest)."""
+    return sorted(_file_records(ch))
+
+
+def _file_records(ch: Channel) -> dict[str, int | None]:
+    """Each data file of the channel (full path) with its record count from the manifest, or
+    None where there is no manifest."""
     if os.path.isdir(ch.path) and os.path.exists(os.path.join(ch.path, MANIFEST_NAME)):
-        return sorted(read_manifest(ch.path).paths(ch.path))
-    return sorted(list_inputs([ch.path]))
+        m = read_manifest(ch.path)
+        return dict(zip(m.paths(ch.path), (e.records for e in m.files)))
+    return dict.fromkeys(list_inputs([ch.path]))
 
 
 def assign(ch: Channel, hosts: list[str]) -> tuple[dict[str, list[str]], list[str]]:
     """(host -> files, warnings)."""
-    files = channel_files(ch)
+    records = _file_records(ch)
+    files = sorted(records)
     if ch.distribution == "FullyReplicated":
         return {h: list(files) for h in hosts}, []
     share = {h: files[i::len(hosts)] for i, h in enumerate(hosts)}
     warnings = []
     counts = sorted(len(v) for v in share.values())
-    records = _records_by_file(ch)
+    # A host with no file, or only files its manifest says are empty.
     empty = [h for h, v in share.items()
-             if not v or (records is not None and sum(records.get(f, 1) for f in v) == 0)]
+             if not v or sum(1 if records[f] is None else records[f] for f in v) == 0]
     msg = (f"channel {ch.name}: ShardedByS3Key over {len(hosts)} hosts gives {', '.join(empty)} "
            f"no file or only empty ones ({len(files)} files); use FullyReplicated or at least as "
            "many non-empty files as hosts")
@@ -49,14 +57,6 @@ def assign(ch: Channel, hosts: list[str]) -> tuple[dict[str, list[str]], list[st
         warnings.append(f"channel {ch.name}: {len(files)} files do not divide evenly over "
                         f"{len(hosts)} hosts (ShardedByS3Key gives {counts[0]} to {counts[-1]} per host)")
     return share, warnings
-
-
-def _records_by_file(ch: Channel) -> dict[str, int] | None:
-    """Record count of each file (full path) from the channel's manifest, if it has one."""
-    if not (os.path.isdir(ch.path) and os.path.exists(os.path.join(ch.path, MANIFEST_NAME))):
-        return None
-    m = read_manifest(ch.path)
-    return dict(zip(m.paths(ch.path), (e.records for e in m.files)))
 
 
 def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:

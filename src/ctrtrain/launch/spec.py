@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from ..cluster.plan import MODES, Group, Topology
+from ..cluster.plan import Group, MODES, Topology, default_processing_mode
 from ..errors import ConfigError
 
 INPUT_MODES = ("File", "Pipe")
@@ -154,9 +154,8 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     mode = dist.get("mode", "single")
     _expect(mode in MODES, "distribution.mode", f"{mode!r} is not one of {', '.join(MODES)}")
     ds = dist.get("data_service")
-    # Parameter-server workers share one data-service job (exactly-once epochs, plan.py).
     ds_group, ds_workers = None, 1
-    processing = "distributed_epoch" if mode == "parameter_server" else "parallel_epochs"
+    processing = default_processing_mode(mode)
     if ds is not None:
         _keys(ds, {"group", "workers_per_host", "processing_mode"}, "distribution.data_service")
         ds_group = ds.get("group")

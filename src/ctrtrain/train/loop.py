@@ -197,11 +197,8 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
         raise ConfigError(f"reader {rt.reader_index} of {rt.readers} has no training records "
                           f"in {cfg.train_dir} (read plan {cfg.read_plan}); every rank needs data")
     global_batch = cfg.batch_size * rt.replicas
-    steps_per_epoch = total_records // global_batch
-    if steps_per_epoch == 0:
-        raise ConfigError(f"the global batch ({cfg.batch_size} x {rt.replicas} replicas) is larger "
-                          f"than the training set ({total_records} records)")
-    total_steps = cfg.steps or max(1, int(math.ceil(cfg.epochs * steps_per_epoch)))
+    total_steps = planned_steps(cfg, total_records, global_batch,
+                                f"the global batch ({cfg.batch_size} x {rt.replicas} replicas)")
     if cfg.eval_every and rt.readers > 1:
         raise ConfigError(f"eval_every: in mode {cfg.mode} the chief evaluates at the end only "
                           "(evaluating mid-training would stall the other ranks)")
@@ -211,11 +208,7 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
     with rt.scope():
         model, opt, train_step, variables = build_training(
             model_config(cfg, feature_size, m.field_size), cfg.optimizer, lr, rt)
-    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
-    manager = tf.train.CheckpointManager(ckpt, str(md / "checkpoints"), max_to_keep=cfg.keep_checkpoints)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    start_step = int(opt.iterations.numpy())
+    manager, start_step = restore_checkpoint(cfg, md, model, opt)
     log = _MetricsLog(md, cfg.progress, enabled=rt.is_chief)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=total_records, mode=cfg.mode,
@@ -239,12 +232,38 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
     if not rt.is_chief:
         log.close()
         return {"step": step, "total_steps": total_steps, "chief": False}
-    if not manager.latest_checkpoint or int(manager.latest_checkpoint.rsplit("-", 1)[1]) != step:
+    if not saved_at(manager, step):
         save(step)
     return _finish(cfg, model, m, feature_size, md, predict, log, step,
                    {"total_steps": total_steps, "resumed_from": start_step,
                     "stopped_early": stopped_early, "mode": cfg.mode, "replicas": rt.replicas,
                     "global_batch": global_batch, **stats})
+
+
+def planned_steps(cfg: TrainConfig, records: int, global_batch: int, batch_desc: str) -> int:
+    """Steps of the run: cfg.steps, else cfg.epochs over `records` in global batches."""
+    steps_per_epoch = records // global_batch
+    if steps_per_epoch == 0:
+        raise ConfigError(f"{batch_desc} is larger than the training set ({records} records)")
+    return cfg.steps or max(1, int(math.ceil(cfg.epochs * steps_per_epoch)))
+
+
+def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt):
+    """(CheckpointManager over md/checkpoints, step to start from): the latest checkpoint
+    restored if there is one (a re-run resumes), else step 0."""
+    import tensorflow as tf
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    manager = tf.train.CheckpointManager(ckpt, str(md / "checkpoints"),
+                                         max_to_keep=cfg.keep_checkpoints)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    return manager, int(opt.iterations.numpy())
+
+
+def saved_at(manager, step: int) -> bool:
+    """Whether the latest checkpoint is of this step (the final save would repeat it)."""
+    latest = manager.latest_checkpoint
+    return latest is not None and int(latest.rsplit("-", 1)[1]) == step
 
 
 def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, save, evaluate,

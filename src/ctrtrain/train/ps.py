@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import time
 
 import tensorflow as tf
 
 from ..errors import ConfigError
 from .loop import (_MetricsLog, _evaluate, _finish, _prepare_model_dir, check_data,
-                   model_config, training_dataset)
+                   model_config, planned_steps, restore_checkpoint, saved_at, training_dataset)
 
 MIN_SHARD_BYTES = 64 << 10    # below this a variable stays whole on one server
 
@@ -72,11 +71,7 @@ def train_parameter_server(cfg, threads) -> dict:
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 
     m, feature_size = check_data(cfg)
-    steps_per_epoch = m.records // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise ConfigError(f"batch_size {cfg.batch_size} is larger than the training set "
-                          f"({m.records} records)")
-    total_steps = cfg.steps or max(1, int(math.ceil(cfg.epochs * steps_per_epoch)))
+    total_steps = planned_steps(cfg, m.records, cfg.batch_size, f"batch_size {cfg.batch_size}")
     md = _prepare_model_dir(cfg, feature_size, m.field_size)
     with strategy.scope():
         model, opt, replica_step, variables = build_training(
@@ -87,11 +82,7 @@ def train_parameter_server(cfg, threads) -> dict:
     print("parameter-server load (bytes of variables and optimizer slots): "
           + ", ".join(f"{k} {v:,}" for k, v in load.items() if "/job:ps" in k), flush=True)
 
-    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
-    manager = tf.train.CheckpointManager(ckpt, str(md / "checkpoints"), max_to_keep=cfg.keep_checkpoints)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    start_step = int(opt.iterations.numpy())
+    manager, start_step = restore_checkpoint(cfg, md, model, opt)
     log = _MetricsLog(md, cfg.progress)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=m.records, mode=cfg.mode,
@@ -150,7 +141,8 @@ def train_parameter_server(cfg, threads) -> dict:
                 _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log)
     coordinator.join()
     step = int(opt.iterations.numpy())
-    manager.save(checkpoint_number=step)
+    if not saved_at(manager, step):
+        manager.save(checkpoint_number=step)
     return _finish(cfg, model, m, feature_size, md, predict, log, step,
                    {"total_steps": total_steps, "resumed_from": start_step, "stopped_early": False,
                     "mode": cfg.mode, "workers": num_workers, "parameter_servers": num_ps,
