@@ -80,20 +80,22 @@ def test_tiny_matrix_end_to_end(tmp_path):
         "data: {rows: 12000, feature_size: 2000}\nbudget: 7680\n"
         "defaults: {batch_size: 256}\n"
         "cells:\n  - {name: single}\n  - {name: allreduce-2, mode: allreduce, hosts: 2}\n"
-        "  - {name: pipe, input_mode: Pipe}\n")
+        "  - {name: pipe, input_mode: Pipe}\n  - {name: pipe-cache, input_mode: Pipe, cache: true}\n")
     run_cli("bench", "matrix", tmp_path / "m.yaml", "--work-dir", tmp_path / "work",
             "--out", tmp_path / "report", timeout=900)
     rep = json.loads((tmp_path / "report" / "matrix.json").read_text())
     cells = {c["cell"]["name"]: c for c in rep["cells"]}
     assert cells["single"]["examples_per_s"] > 0 and cells["single"]["steps"] == 30
     assert cells["allreduce-2"]["global_batch"] == 512 and cells["allreduce-2"]["steps"] == 15
-    for name in ("single", "allreduce-2"):
+    for name in ("single", "allreduce-2", "pipe"):
         c = cells[name]
         assert 0.5 < c["auc"] < 1 and c["peak_rss_mb"] > 100
         assert all(0 < u < 3 for u in c["cpu_util"].values()), c["cpu_util"]
     assert len(cells["allreduce-2"]["processes"]) == 2
-    assert "reads File channels" in cells["pipe"]["error"] or "failed" in cells["pipe"]["error"]
-    assert rep["recommendation"]["fastest"] in ("single", "allreduce-2")
+    assert cells["pipe"]["steps"] == 30 and 0.5 < cells["pipe"]["auc"] < 1
+    # A failing cell is recorded with the process's own message; the matrix goes on.
+    assert "cache: a Pipe channel streams every epoch anew" in cells["pipe-cache"]["error"]
+    assert rep["recommendation"]["fastest"] in ("single", "allreduce-2", "pipe")
     for f in ("matrix.csv", "matrix.md", "matrix-throughput.png", "matrix-time.png"):
         assert (tmp_path / "report" / f).exists()
 

@@ -36,6 +36,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..progress import bar
+from ..usage import TAG as USAGE_TAG
 from ..usage import parse_usages
 from .machine import describe_machine
 
@@ -149,15 +150,29 @@ def cell_spec(cell: dict, data: dict[str, Path], steps: int, out: Path) -> dict:
     spec["channels"] = {"training": {"path": str(data[cell["format"]]),
                                      "input_mode": cell["input_mode"]},
                         "test": {"path": str(data["test"])}}
+    if cell["input_mode"] == "Pipe":
+        # A stream carries no manifest: the job says what it holds, and streams enough
+        # epochs for the steps (each reader keeps its record shard of its host's stream).
+        from ..data.manifest import read_manifest
+        m = read_manifest(data[cell["format"]])
+        spec["hyperparameters"].update(field_size=m.field_size, feature_size=m.feature_size,
+                                       data_format=m.format)
+        readers = _replicas(cell) if cell["mode"] in ("allreduce", "horovod") else 1
+        spec["pipe_epochs"] = -(-steps * cell["batch_size"] * readers // m.records) + 1
     spec["time_limit"] = 1800
     return spec
 
 
+def _replicas(cell: dict) -> int:
+    """Model replicas of a cell (1 for parameter servers: each step is one worker's batch)."""
+    if cell["mode"] in ("allreduce", "horovod"):
+        return cell["hosts"] * cell["processes_per_host"]
+    return cell["devices"] if cell["mode"] == "mirrored" else 1
+
+
 def run_cell(cell: dict, data: dict[str, Path], budget: int, work: Path) -> dict:
     """One launch of a cell; its measurements, or {"error": ...}."""
-    replicas = cell["hosts"] * cell["processes_per_host"] if cell["mode"] in ("allreduce", "horovod") \
-        else (cell["devices"] if cell["mode"] == "mirrored" else 1)
-    global_batch = cell["batch_size"] * replicas
+    global_batch = cell["batch_size"] * _replicas(cell)
     steps = max(10, budget // global_batch)
     out = work / "cells" / cell["name"].replace("/", "_")
     shutil.rmtree(out, ignore_errors=True)
@@ -172,7 +187,7 @@ def run_cell(cell: dict, data: dict[str, Path], budget: int, work: Path) -> dict
     if r.returncode != 0:
         # The launcher's reason, and the failing process's last line (its own message).
         lines = [ln.strip() for ln in r.stderr.strip().splitlines() if ln.strip()]
-        tail = [ln for ln in lines[1:] if not ln.startswith("---")]
+        tail = [ln for ln in lines[1:] if not ln.startswith(("---", USAGE_TAG))]
         return {"error": " | ".join(x[:300] for x in lines[:1] + tail[-1:]) or f"exit {r.returncode}"}
     res = json.loads((out / "checkpoints" / "result.json").read_text())
     windows = res["windows"][1:] or res["windows"]

@@ -1,7 +1,8 @@
 """The one function that fixes the order of the input pipeline's transformations.
 
-    list files -> [shard files] -> parallel interleave (deterministic) -> [shard records]
-    -> [cache] -> [shuffle] -> repeat -> batch -> [skip resumed batches]
+    records: File mode: list files -> [shard files] -> parallel interleave (deterministic)
+             Pipe mode: the channel's FIFO stream, framed (pipe.py)
+    -> [shard records] -> [cache] -> [shuffle] -> repeat -> batch -> [skip resumed batches]
     -> vectorized parse -> prefetch
 
 Why this order: cache before shuffle/repeat so each epoch is reshuffled from memory (and only
@@ -63,7 +64,7 @@ def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
                  file_shard: tuple[int, int] | None = None,
                  record_shard: tuple[int, int] | None = None,
                  skip_batches: int = 0, training: bool = True) -> tf.data.Dataset:
-    """Batches of {"label": [B], "ids": [B, F], "values": [B, F]}.
+    """Batches of {"label": [B], "ids": [B, F], "values": [B, F]} from files.
     `file_shard`/`record_shard` = (count, index): this reader's part of the data (decided by
     the sharding policy, not here). Evaluation (`training=False`) keeps file order, does not
     shuffle or repeat, and keeps the last partial batch."""
@@ -83,6 +84,26 @@ def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
     ds = ds.interleave(read, cycle_length=cycle, block_length=1 if training else None,
                        num_parallel_calls=AUTOTUNE if training else None, deterministic=True) \
         if training else ds.flat_map(read)
+    return batches(ds, field_size, fmt=fmt, cfg=cfg, record_shard=record_shard,
+                   skip_batches=skip_batches, training=training)
+
+
+def make_pipe_dataset(fifo_prefix: str, field_size: int, *, fmt: str = "tfrecord",
+                      cfg: PipelineConfig = PipelineConfig(),
+                      record_shard: tuple[int, int] | None = None,
+                      skip_batches: int = 0) -> tf.data.Dataset:
+    """Training batches from a Pipe channel (FIFOs `<fifo_prefix>_<epoch>`): every epoch the
+    feeder streams, once (no cache, no repeat), ending with the stream."""
+    from .pipe import pipe_records
+    cfg = dataclasses.replace(cfg, cache=False, epochs=1)
+    return batches(pipe_records(fifo_prefix, fmt), field_size, fmt=fmt, cfg=cfg,
+                   record_shard=record_shard, skip_batches=skip_batches, training=True)
+
+
+def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConfig,
+            record_shard: tuple[int, int] | None, skip_batches: int,
+            training: bool) -> tf.data.Dataset:
+    """Serialized records (or libsvm lines) -> parsed batches, in the order documented above."""
     if record_shard:
         ds = ds.shard(*record_shard)
     if training:

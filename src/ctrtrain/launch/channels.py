@@ -81,7 +81,8 @@ class PipeFeeder(threading.Thread):
     """Feeds <dir>/<channel>_<epoch> FIFOs, one epoch after another. The FIFO is opened for
     writing only when a reader has opened it (polled, so teardown never blocks here). If more
     than one process of the job holds the FIFO open, the feeder reports an error instead of
-    splitting the stream between readers."""
+    splitting the stream between readers. A reader may close the FIFO before its end (it
+    trained the steps it wanted): feeding stops there, and that is not an error."""
 
     def __init__(self, directory: Path, channel: str, files: list[str], epochs: int,
                  job_pids, on_error, chunk: int = 1 << 18):
@@ -129,8 +130,9 @@ class PipeFeeder(threading.Thread):
                     os.close(fd)
                 self.fed_epochs += 1
         except BrokenPipeError:
-            self.on_error(f"Pipe channel {self.channel}: the reader closed {self.fifo(self.fed_epochs)} "
-                          "before the end of the data")
+            # The reader stopped early: normal for a run of a given number of steps (the
+            # supervisor judges the reader by its exit status). The stream just ends here.
+            pass
         except Exception as e:  # reported to the supervisor, which fails the job
             self.on_error(f"Pipe channel {self.channel}: {e}")
 

@@ -6,7 +6,11 @@ written to SM_MODEL_DIR. Checkpoints go to <SM_OUTPUT_DIR>/../checkpoints (SageM
 Every distribution mode runs this same entry point: the mode comes from the environment
 (CTRTRAIN_MODE, TF_CONFIG or horovodrun's ranks; train/runtime.py), this process's part of the
 training channel from the sharding plan (data/sharding.py), and tf.data service from
-CTRTRAIN_DATA_SERVICE. Only the chief exports."""
+CTRTRAIN_DATA_SERVICE. Only the chief exports.
+
+A training channel in Pipe mode is streamed from its FIFOs (input/pipe.py); a stream has no
+manifest, so the job gives `field_size` and `feature_size` (and `data_format` for libsvm), and
+`steps` when several processes read. Validation and test channels are read as File channels."""
 
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ def parse_hyperparameters(argv):
     p = argparse.ArgumentParser(prog="deepfm recipe")
     for f in dataclasses.fields(TrainConfig):
         if f.name in ("train_dir", "model_dir", "valid_dir", "test_dir", "threads", "progress",
-                      "SHAPE_FIELDS", "mode", "read_plan", "data_service", "processing_mode"):
+                      "SHAPE_FIELDS", "mode", "read_plan", "data_service", "processing_mode",
+                      "input_mode"):
             continue
         default = getattr(d, f.name)
         if isinstance(default, bool):
@@ -48,6 +53,7 @@ def main(argv=None) -> int:
     env = os.environ
     hp = parse_hyperparameters(argv if argv is not None else sys.argv[1:])
     from ..data.sharding import plan_from_env
+    from ..errors import CtrError
     from ..train.loop import TrainConfig, train
     from ..train.runtime import detect_mode
     from ..train.threads import ThreadConfig
@@ -56,15 +62,16 @@ def main(argv=None) -> int:
     mode = detect_mode(env)
     modes = {k: v.get("TrainingInputMode") for k, v in
              json.loads(env.get("SM_INPUT_DATA_CONFIG", "{}")).items()}
-    if "Pipe" in modes.values():
-        print(f"the deepfm recipe reads File channels (ctrtrain data directories); channels "
-              f"{sorted(k for k, v in modes.items() if v == 'Pipe')} are Pipe mode, which is for "
-              "scripts that read the FIFO stream themselves", file=sys.stderr)
+    evaluated = sorted(k for k, v in modes.items() if v == "Pipe" and not k.startswith("train"))
+    if evaluated:
+        print(f"channels {evaluated} are Pipe mode: the deepfm recipe evaluates from File "
+              "channels (ctrtrain data directories)", file=sys.stderr)
         return 2
     plan = None if mode in ("single", "mirrored", "parameter_server") else plan_from_env("training", env)
-    train_dir = channel(plan.channel.upper()) if plan else channel("TRAINING")
+    train_channel = plan.channel if plan else "training"
+    train_dir = channel(train_channel.upper())
     if not train_dir:
-        print("no training channel (SM_CHANNEL_TRAINING)", file=sys.stderr)
+        print(f"no training channel (SM_CHANNEL_{train_channel.upper()})", file=sys.stderr)
         return 2
     output = Path(env.get("SM_OUTPUT_DIR", "output"))
     ckpt_dir = output.parent / "checkpoints"
@@ -73,6 +80,7 @@ def main(argv=None) -> int:
                            hps.pop("data_threads"))
     cfg = TrainConfig(train_dir=train_dir, valid_dir=channel("VALIDATION"),
                       test_dir=channel("TEST"), model_dir=str(ckpt_dir), progress=False,
+                      input_mode=modes.get(train_channel) or "File",
                       mode=mode, read_plan=plan, data_service=env.get("CTRTRAIN_DATA_SERVICE"),
                       processing_mode=env.get("CTRTRAIN_DATA_SERVICE_MODE", "parallel_epochs"),
                       threads=threads, **hps)
@@ -80,6 +88,9 @@ def main(argv=None) -> int:
         print(f"reading {plan}", flush=True)
     try:
         r = train(cfg)
+    except CtrError as e:    # the user's to fix: the message names the place, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     finally:
         print_usage()
     if not r.get("chief", True):

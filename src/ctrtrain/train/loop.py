@@ -31,11 +31,16 @@ CONFIG = "train_config.json"
 
 @dataclasses.dataclass
 class TrainConfig:
-    train_dir: str
+    train_dir: str                    # File: a ctrtrain data directory; Pipe: a Pipe channel,
+                                      # FIFOs <train_dir>_<epoch> (input/pipe.py)
     model_dir: str
     valid_dir: str | None = None
     test_dir: str | None = None
     feature_size: int | None = None   # table rows; default the data's (may be larger: room to grow)
+    input_mode: str = "File"          # File | Pipe
+    field_size: int | None = None     # Pipe only (a stream has no manifest); File: the data's
+    data_format: str = "tfrecord"     # Pipe only: tfrecord | libsvm
+    label_format: str = "01"          # Pipe libsvm only: 01 | pm1
     embedding_size: int = 16
     deep_layers: tuple[int, ...] = (256, 128, 64)
     dropout: float = 0.0
@@ -80,6 +85,8 @@ def _check_config(cfg: TrainConfig):
         raise ConfigError(f"dropout is a drop rate in [0, 1), got {cfg.dropout}")
     if cfg.steps is not None and cfg.steps <= 0:
         raise ConfigError("steps must be positive")
+    if cfg.input_mode not in ("File", "Pipe"):
+        raise ConfigError(f"input_mode must be File or Pipe, not {cfg.input_mode!r}")
 
 
 def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
@@ -129,9 +136,23 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def check_data(cfg: TrainConfig):
-    """(train manifest, table rows): the training data's, checked against the other splits."""
-    from ..data.manifest import read_manifest
-    m = read_manifest(cfg.train_dir)
+    """(train manifest, table rows): the training data's, checked against the other splits.
+    A Pipe channel's manifest is made from the config (no files, records unknown)."""
+    from ..data.manifest import Manifest, read_manifest
+    if cfg.input_mode == "Pipe":
+        if not (cfg.field_size and cfg.feature_size):
+            raise ConfigError(f"Pipe channel {cfg.train_dir}: a stream carries no manifest; "
+                              "give field_size and feature_size")
+        if cfg.data_service:
+            raise ConfigError("a Pipe channel cannot be read through tf.data service (its FIFO "
+                              "is on the training host, read in this process)")
+        if cfg.cache:
+            raise ConfigError("cache: a Pipe channel streams every epoch anew (the job's "
+                              "pipe_epochs); use a File channel to cache the data in memory")
+        m = Manifest(cfg.data_format, cfg.field_size, cfg.feature_size, [],
+                     label_format=cfg.label_format)
+    else:
+        m = read_manifest(cfg.train_dir)
     feature_size = cfg.feature_size or m.feature_size
     if feature_size < m.feature_size:
         raise ConfigError(f"feature_size {feature_size} is smaller than the data's {m.feature_size}")
@@ -157,7 +178,7 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     optionally through tf.data service."""
     import tensorflow as tf
 
-    from ..input.pipeline import PipelineConfig, make_dataset
+    from ..input.pipeline import PipelineConfig, make_dataset, make_pipe_dataset
     # Through tf.data service every consumer registers the same dataset (all of it, one seed):
     # the service decides who gets what (distributed_epoch: each element once).
     plan = None if cfg.data_service else cfg.read_plan
@@ -165,11 +186,16 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     pcfg = PipelineConfig(batch_size=batch_size, shuffle_buffer=cfg.shuffle_buffer,
                           cache=cfg.cache, seed=seed, parse=cfg.parse,
                           label_format=m.label_format if m.format == "libsvm" else "01")
-    ds = make_dataset(m.paths(cfg.train_dir), m.field_size, fmt=m.format,
-                      compression=m.compression, cfg=pcfg,
-                      file_shard=plan.file_shard if plan else None,
-                      record_shard=plan.record_shard if plan else None,
-                      skip_batches=0 if cfg.data_service else skip_batches)
+    if cfg.input_mode == "Pipe":
+        ds = make_pipe_dataset(cfg.train_dir, m.field_size, fmt=m.format, cfg=pcfg,
+                               record_shard=plan.record_shard if plan else None,
+                               skip_batches=skip_batches)
+    else:
+        ds = make_dataset(m.paths(cfg.train_dir), m.field_size, fmt=m.format,
+                          compression=m.compression, cfg=pcfg,
+                          file_shard=plan.file_shard if plan else None,
+                          record_shard=plan.record_shard if plan else None,
+                          skip_batches=0 if cfg.data_service else skip_batches)
     if cfg.data_service:
         # The whole pipeline (read, shuffle, batch, parse) runs on the data-service workers;
         # every training process of the job joins one shared job.
@@ -191,14 +217,23 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
     from .step import build_training
 
     m, feature_size = check_data(cfg)
-    mine = local_records(cfg, m)
-    total_records = m.records if cfg.data_service else rt.sum_over_readers(mine)
-    if mine == 0 and not cfg.data_service:
-        raise ConfigError(f"reader {rt.reader_index} of {rt.readers} has no training records "
-                          f"in {cfg.train_dir} (read plan {cfg.read_plan}); every rank needs data")
     global_batch = cfg.batch_size * rt.replicas
-    total_steps = planned_steps(cfg, total_records, global_batch,
-                                f"the global batch ({cfg.batch_size} x {rt.replicas} replicas)")
+    if cfg.input_mode == "Pipe":
+        # A stream's length is unknown until it ends: one reader may train until then, but
+        # ranks that must run the same number of steps need it given.
+        if rt.readers > 1 and not cfg.steps:
+            raise ConfigError(f"Pipe channel {cfg.train_dir} with {rt.readers} readers: give "
+                              "steps (every rank must run as many, and a stream's length is "
+                              "unknown before it ends)")
+        total_records, total_steps = None, cfg.steps
+    else:
+        mine = local_records(cfg, m)
+        total_records = m.records if cfg.data_service else rt.sum_over_readers(mine)
+        if mine == 0 and not cfg.data_service:
+            raise ConfigError(f"reader {rt.reader_index} of {rt.readers} has no training records "
+                              f"in {cfg.train_dir} (read plan {cfg.read_plan}); every rank needs data")
+        total_steps = planned_steps(cfg, total_records, global_batch,
+                                    f"the global batch ({cfg.batch_size} x {rt.replicas} replicas)")
     if cfg.eval_every and rt.readers > 1:
         raise ConfigError(f"eval_every: in mode {cfg.mode} the chief evaluates at the end only "
                           "(evaluating mid-training would stall the other ranks)")
@@ -269,21 +304,44 @@ def saved_at(manager, step: int) -> bool:
 def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, save, evaluate,
                after_first=lambda: None):
     """The step loop: input wait and compute timed apart, logging, checkpoints, evaluation and
-    early stopping. Returns (stats, stopped_early, last step)."""
+    early stopping. total_steps None: until the data ends (a Pipe stream); otherwise data
+    that ends first is an error. Returns (stats, stopped_early, last step)."""
     best_auc, bad_evals, stopped_early = -1.0, 0, False
-    wait_s = compute_s = 0.0
     windows = []
     window = {"wait": 0.0, "compute": 0.0, "steps": 0, "t": time.perf_counter(), "loss": 0.0}
     last_ckpt_time = time.monotonic()
     step = start_step
+    totals = {"wait": 0.0, "compute": 0.0}
+
+    def flush_window(step):
+        now = time.perf_counter()
+        w = window
+        busy = w["wait"] + w["compute"]
+        stats = {"loss": w["loss"] / w["steps"], "steps": w["steps"], "seconds": now - w["t"],
+                 "examples_per_s": w["steps"] * global_batch / (now - w["t"]),
+                 "input_wait_s": w["wait"], "compute_s": w["compute"],
+                 "input_bound": w["wait"] / busy if busy else 0.0}
+        windows.append({"step": step, **stats})
+        log.event("train", step=step, **stats)
+        pb.set_postfix(loss=f"{w['loss'] / w['steps']:.4f}")
+        totals["wait"] += w["wait"]
+        totals["compute"] += w["compute"]
+        window.update(wait=0.0, compute=0.0, steps=0, t=now, loss=0.0)
+
     with bar(total=total_steps, desc="train", unit="step",
              disable=None if (cfg.progress and log.enabled) else True) as pb:
         pb.update(start_step)
-        while step < total_steps:
+        while total_steps is None or step < total_steps:
             t0 = time.perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
+                if window["steps"]:
+                    flush_window(step)
+                if total_steps is not None:
+                    raise DataError(f"the training data ended after {step} of {total_steps} "
+                                    "steps (a Pipe channel: feed more epochs, pipe_epochs, or "
+                                    "train fewer steps)", path=cfg.train_dir)
                 break
             t1 = time.perf_counter()
             loss = train_step(batch)
@@ -297,24 +355,12 @@ def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, 
             window["steps"] += 1
             window["loss"] += float(loss)
             if step % cfg.log_every == 0 or step == total_steps:
-                now = time.perf_counter()
-                w = window
-                busy = w["wait"] + w["compute"]
-                stats = {"loss": w["loss"] / w["steps"], "steps": w["steps"], "seconds": now - w["t"],
-                         "examples_per_s": w["steps"] * global_batch / (now - w["t"]),
-                         "input_wait_s": w["wait"], "compute_s": w["compute"],
-                         "input_bound": w["wait"] / busy if busy else 0.0}
-                windows.append({"step": step, **stats})
-                log.event("train", step=step, **stats)
-                pb.set_postfix(loss=f"{w['loss'] / w['steps']:.4f}")
-                wait_s += w["wait"]
-                compute_s += w["compute"]
-                window.update(wait=0.0, compute=0.0, steps=0, t=now, loss=0.0)
+                flush_window(step)
             if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or \
                     (cfg.checkpoint_secs and time.monotonic() - last_ckpt_time >= cfg.checkpoint_secs):
                 save(step)
                 last_ckpt_time = time.monotonic()
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps:
+            if cfg.eval_every and step % cfg.eval_every == 0 and step != total_steps:
                 r = evaluate(step)
                 if r and cfg.early_stopping:
                     if r["auc"] > best_auc + 1e-5:
@@ -325,8 +371,8 @@ def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, 
                             stopped_early = True
                             log.event("early_stop", step=step, best_auc=best_auc)
                             break
-    wait_s += window["wait"]
-    compute_s += window["compute"]
+    wait_s = totals["wait"] + window["wait"]
+    compute_s = totals["compute"] + window["compute"]
     stats = {"input_wait_s": wait_s, "compute_s": compute_s,
              "input_bound": wait_s / (wait_s + compute_s) if wait_s + compute_s else 0.0,
              "windows": windows}

@@ -1,0 +1,142 @@
+"""Pipe-mode input: the FIFO stream framed in Python must yield exactly the records TensorFlow
+reads from the same files, reject damaged streams with the place named, and train DeepFM
+through `ctrtrain launch` like a File channel."""
+
+import io
+import json
+import os
+import random
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import run_cli
+from ctrtrain.data.manifest import read_manifest
+from ctrtrain.errors import DataError
+from ctrtrain.input.pipe import PipeStream, line_blocks, tfrecord_blocks
+from ctrtrain.input.pipeline import PipelineConfig, make_pipe_dataset
+from ctrtrain.launch.channels import PipeFeeder
+from test_launch import spec_from_example
+from trainutil import make_synth
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipe-data")
+    make_synth(root, rows=20_000, feature_size=2_000)
+    return root
+
+
+class Trickle(io.RawIOBase):
+    """A stream that returns a few bytes per read, as a FIFO may: exercises every boundary."""
+
+    def __init__(self, data: bytes, seed=0):
+        self.data, self.pos, self.rng = data, 0, random.Random(seed)
+
+    def read(self, n=-1):
+        k = min(n, self.rng.randint(1, 700))
+        out = self.data[self.pos:self.pos + k]
+        self.pos += len(out)
+        return out
+
+
+def stream_of(directory):
+    m = read_manifest(directory)
+    return m, b"".join(open(p, "rb").read() for p in m.paths(directory))
+
+
+def test_framing_yields_exactly_what_tensorflow_reads(synth):
+    m, data = stream_of(synth / "tf" / "train")
+    want = [r.numpy() for r in tf.data.TFRecordDataset(m.paths(synth / "tf" / "train"))]
+    got = [r for b in tfrecord_blocks(Trickle(data), "fifo", block=100) for r in b]
+    assert len(got) == m.records == 16_000
+    assert got == want
+
+
+def record_offsets(data: bytes, n: int) -> list[int]:
+    out, pos = [], 0
+    while len(out) < n:
+        out.append(pos)
+        pos += 16 + int.from_bytes(data[pos:pos + 8], "little")
+    return out
+
+
+def test_damaged_streams_are_errors_that_name_the_record(synth):
+    _, data = stream_of(synth / "tf" / "train")
+    at = record_offsets(data, 4)
+    with pytest.raises(DataError, match=rf"fifo, record 3: truncated.* at byte {at[3]} \(10 bytes"):
+        list(tfrecord_blocks(io.BytesIO(data[:at[3] + 10]), "fifo"))
+    bad = bytearray(data)
+    bad[at[1] + 20] ^= 0xFF                    # a byte inside the second record's data
+    with pytest.raises(DataError, match=rf"record 1: corrupted record data .* at byte {at[1]}"):
+        list(tfrecord_blocks(io.BytesIO(bytes(bad)), "fifo"))
+    bad = bytearray(data)
+    bad[at[2] + 3] ^= 0x01                     # the third record's length
+    with pytest.raises(DataError, match=rf"record 2: corrupted record length at byte {at[2]}$"):
+        list(tfrecord_blocks(io.BytesIO(bytes(bad)), "fifo"))
+    import gzip
+    with pytest.raises(DataError, match="the stream is gzip"):
+        list(tfrecord_blocks(io.BytesIO(gzip.compress(data[:5000])), "fifo"))
+
+
+def test_libsvm_lines_survive_any_chunking(synth):
+    m, data = stream_of(synth / "raw" / "train")
+    lines = data.rstrip(b"\n").split(b"\n")
+    assert [x for b in line_blocks(Trickle(data, seed=1), "fifo") for x in b] == lines
+    # A last line without its newline still counts.
+    assert [x for b in line_blocks(io.BytesIO(b"1 1:1\n0 2:1"), "f") for x in b] == [b"1 1:1", b"0 2:1"]
+
+
+def test_each_pass_reads_the_next_epochs_fifo_then_ends(synth, tmp_path):
+    m = read_manifest(synth / "tf" / "train")
+    errors = []
+    feeder = PipeFeeder(tmp_path, "training", m.paths(synth / "tf" / "train"), 2,
+                        lambda: [os.getpid()], errors.append)
+    feeder.start()
+    ds = make_pipe_dataset(str(tmp_path / "training"), m.field_size,
+                           cfg=PipelineConfig(batch_size=1000, shuffle_buffer=500))
+    labels = [b["label"].numpy() for b in ds]
+    feeder.join(10)
+    assert not errors and feeder.fed_epochs == 2
+    # Both epochs, every record, then the end (no third FIFO): 2 x 16,000 records.
+    assert len(labels) == 32 and sum(len(x) for x in labels) == 32_000
+    assert not (tmp_path / "training_2").exists()
+    with pytest.raises(DataError, match="no such FIFO"):
+        next(PipeStream(str(tmp_path / "absent"))())
+
+
+def pipe_spec(tmp_path, synth, example, hyperparameters, **over):
+    m = read_manifest(synth / "tf" / "train")
+    hp = {"batch_size": 256, "field_size": m.field_size, "feature_size": m.feature_size,
+          "export": False, **hyperparameters}
+    return spec_from_example(
+        tmp_path, example, hyperparameters=hp,
+        channels={"training": {"path": str(synth / "tf" / "train"), "input_mode": "Pipe"},
+                  "test": {"path": str(synth / "tf" / "test")}}, **over)
+
+
+def test_deepfm_recipe_trains_from_a_pipe_channel_until_the_stream_ends(tmp_path, synth):
+    run_cli("launch", pipe_spec(tmp_path, synth, "deepfm-single", {}, pipe_epochs=2))
+    result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
+    # No steps given: one reader trains on every record of both epochs, in full batches.
+    assert result["step"] == 2 * 16_000 // 256
+    assert result["test"]["auc"] > 0.6
+
+
+def test_allreduce_ranks_share_pipe_streams_and_a_short_stream_fails_fast(tmp_path, synth):
+    # FullyReplicated over 2 hosts: each host's FIFO streams everything, each rank keeps
+    # every other record (a record shard), and both run the steps given. They stop reading
+    # in the middle of the second of 3 epochs: a reader that closes early is no failure.
+    run_cli("launch", pipe_spec(tmp_path, synth, "deepfm-allreduce",
+                                {"steps": 40, "shuffle_buffer": 1000}, pipe_epochs=3))
+    result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
+    assert result["step"] == 40 and result["replicas"] == 2 and result["test"]["auc"] > 0.55
+    # 8,000 records per rank and epoch = 31 batches of 256: 40 steps need a second epoch.
+    (tmp_path / "short").mkdir()
+    r = run_cli("launch", pipe_spec(tmp_path / "short", synth, "deepfm-allreduce", {"steps": 40},
+                                    pipe_epochs=1, time_limit=300), check=False)
+    assert r.returncode != 0
+    assert "input/data/training: the training data ended after 31 of 40 steps" in r.stderr
+    assert "exited with status 2" in r.stderr     # the recipe's own error, no traceback
