@@ -6,9 +6,7 @@ import io
 import json
 import os
 import random
-import threading
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
