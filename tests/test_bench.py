@@ -105,12 +105,13 @@ def test_tune_writes_settings_that_training_uses(tmp_path):
     make_synth(tmp_path / "d", rows=12_000, feature_size=2_000)
     tuned = tmp_path / "tuned.json"
     run_cli("tune", "--data", tmp_path / "d" / "tf" / "train", "--steps", "15", "--out", tuned,
-            timeout=900)
+            "--repeats", "1", timeout=900)
     rec = json.loads(tuned.read_text())
     s = rec["settings"]
     intra_choices = len({len(os.sched_getaffinity(0)), max(1, len(os.sched_getaffinity(0)) // 2)})
     assert len(rec["tried"]) == intra_choices * 3 + 2   # threads grid, then 2 other batch sizes
     assert max(t["examples_per_s"] for t in rec["tried"]) == rec["examples_per_s"]
+    assert rec["repeats"] == 1 and all(len(t["runs"]) == 1 for t in rec["tried"])
     # Picked up by `ctrtrain train` (threads and batch size) when no flag says otherwise.
     run_cli("train", "--train", tmp_path / "d" / "tf" / "train", "--model-dir", tmp_path / "m",
             "--steps", "3", "--no-export", env={"CTRTRAIN_TUNED": str(tuned)})

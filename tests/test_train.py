@@ -137,6 +137,26 @@ def test_every_optimizer_learns(synth, tmp_path, optimizer):
     assert r["test"]["auc"] > 0.70, r["test"]
 
 
+def test_scale_lr_multiplies_the_step_by_the_replicas(synth, tmp_path):
+    # One SGD step from the same start on the same global batch: the output bias starts at 0,
+    # so after the step it is -lr x its gradient, and scale_lr over 2 replicas doubles it.
+    import tensorflow as tf
+    root, _ = synth
+    bias = {}
+    for name, extra in (("plain", []), ("scaled", ["--scale-lr"])):
+        md = tmp_path / name
+        run_cli(*train_args(root, md, "--mode", "mirrored", "--devices", "2", "--steps", "1",
+                            "--optimizer", "sgd", "--learning-rate", "0.1", "--no-export",
+                            "--shuffle-buffer", "0", *extra))
+        start = json.loads((md / "metrics.jsonl").read_text().splitlines()[0])
+        assert start["replicas"] == 2
+        assert start["learning_rate"] == pytest.approx(0.2 if extra else 0.1)
+        ckpt = tf.train.load_checkpoint(str(md / "checkpoints"))
+        bias[name] = ckpt.get_tensor("model/bias/.ATTRIBUTES/VARIABLE_VALUE")
+    assert bias["plain"] != 0
+    assert bias["scaled"] == pytest.approx(2 * bias["plain"], rel=1e-4)
+
+
 def test_options_dropout_batchnorm_mixed_precision_cache_libsvm(synth, tmp_path):
     root, info = synth
     run_cli("train", "--train", root / "raw" / "train", "--test", root / "raw" / "test",

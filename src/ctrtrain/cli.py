@@ -240,7 +240,7 @@ def cmd_bench_matrix(a):
 
 def cmd_tune(a):
     from .bench.tune import tune
-    tune(a.data, a.rows, a.feature_size, a.out, a.steps, a.work_dir)
+    tune(a.data, a.rows, a.feature_size, a.out, a.steps, a.work_dir, repeats=a.repeats)
 
 
 def cmd_bench_train(a):
@@ -314,6 +314,8 @@ def _train_commands(sub):
     g.add_argument("--mode", choices=["single", "mirrored"], default="single",
                    help="mirrored: MirroredStrategy over this host's GPUs, or --devices logical CPUs")
     g.add_argument("--devices", type=int, default=d.devices)
+    g.add_argument("--scale-lr", action="store_true",
+                   help="multiply the learning rate by the replicas (the global batch grows with them)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-export", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -347,7 +349,7 @@ def train_config_from_args(a):
         keep_checkpoints=a.keep_checkpoints, xla=a.xla, mixed_precision=a.mixed_precision,
         threads=ThreadConfig(a.intra_op_threads, a.inter_op_threads, a.data_threads),
         seed=a.seed, export=not a.no_export, progress=not a.quiet,
-        mode=a.mode, devices=a.devices)
+        mode=a.mode, devices=a.devices, scale_lr=a.scale_lr)
 
 
 def cmd_train(a):
@@ -375,6 +377,7 @@ def _tune_command(sub):
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--feature-size", type=int, default=100_000)
     p.add_argument("--steps", type=int, default=60, help="measured steps per candidate")
+    p.add_argument("--repeats", type=int, default=3, help="runs per candidate (the median counts)")
     p.add_argument("--out", default=None,
                    help="where to write (default: $CTRTRAIN_TUNED or ~/.config/ctrtrain/tuned.json)")
     p.add_argument("--work-dir", default="runs/tune")

@@ -13,6 +13,7 @@ cross product). Settings:
   instance_type (for the cost; data_instance_type for the data-service group)
   batch_size (per process / replica), intra_op_threads, inter_op_threads, data_threads
   format: tfrecord | libsvm, parse: vectorized | scalar, input_mode: File | Pipe
+  distribution: FullyReplicated | ShardedByS3Key (the training channel's, over the hosts)
   cache, mixed_precision, xla: true | false;  learning_rate, optimizer
   sparse_reduce: gather | dense (table gradients across replicas)
 
@@ -50,7 +51,7 @@ DEFAULTS = {"mode": "single", "data_service": False, "hosts": 1, "processes_per_
             "parameter_servers_per_host": 1, "devices": 2, "instance_type": "ml.c5.xlarge",
             "data_instance_type": "ml.c5.xlarge", "batch_size": 1024, "intra_op_threads": 0,
             "inter_op_threads": 0, "data_threads": 0, "format": "tfrecord", "parse": "vectorized",
-            "input_mode": "File", "cache": False, "mixed_precision": False, "xla": False,
+            "input_mode": "File", "distribution": "FullyReplicated", "cache": False, "mixed_precision": False, "xla": False,
             "learning_rate": 0.001, "optimizer": "adam", "sparse_reduce": "gather"}
 HYPERPARAMETERS = ("batch_size", "intra_op_threads", "inter_op_threads", "data_threads", "parse",
                    "cache", "mixed_precision", "xla", "learning_rate", "optimizer", "devices",
@@ -148,7 +149,8 @@ def cell_spec(cell: dict, data: dict[str, Path], steps: int, out: Path) -> dict:
         dist["data_service"] = {"group": "data", "processing_mode": "distributed_epoch"}
     spec["distribution"] = dist
     spec["channels"] = {"training": {"path": str(data[cell["format"]]),
-                                     "input_mode": cell["input_mode"]},
+                                     "input_mode": cell["input_mode"],
+                                     "distribution": cell["distribution"]},
                         "test": {"path": str(data["test"])}}
     if cell["input_mode"] == "Pipe":
         # A stream carries no manifest: the job says what it holds, and streams enough

@@ -247,7 +247,7 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
     log = _MetricsLog(md, cfg.progress, enabled=rt.is_chief)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=total_records, mode=cfg.mode,
-              replicas=rt.replicas, readers=rt.readers, global_batch=global_batch,
+              replicas=rt.replicas, readers=rt.readers, global_batch=global_batch, learning_rate=lr,
               feature_size=m.feature_size, field_size=m.field_size)
     # Each reader seeds its shuffle differently; resuming skips the batches already consumed.
     data = rt.distribute(lambda: training_dataset(
