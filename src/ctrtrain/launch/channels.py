@@ -77,6 +77,9 @@ def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:
         m.write(dest)
 
 
+CHECK_READERS_S = 1.0
+
+
 class PipeFeeder(threading.Thread):
     """Feeds <dir>/<channel>_<epoch> FIFOs, one epoch after another. The FIFO is opened for
     writing only when a reader has opened it (polled, so teardown never blocks here). If more
@@ -85,7 +88,7 @@ class PipeFeeder(threading.Thread):
     trained the steps it wanted): feeding stops there, and that is not an error."""
 
     def __init__(self, directory: Path, channel: str, files: list[str], epochs: int,
-                 job_pids, on_error, chunk: int = 1 << 18):
+                 job_pids, on_error, chunk: int = 1 << 20):
         super().__init__(daemon=True, name=f"pipe-{channel}")
         self.directory, self.channel, self.files, self.epochs = directory, channel, files, epochs
         self.job_pids, self.on_error, self.chunk = job_pids, on_error, chunk
@@ -113,13 +116,18 @@ class PipeFeeder(threading.Thread):
                     os.set_blocking(fd, True)
                     time.sleep(0.05)
                     self._check_single_reader(path)
+                    checked = time.monotonic()
                     for f in self.files:
                         with open(f, "rb") as src:
                             while block := src.read(self.chunk):
                                 if self.stop.is_set():
                                     return
                                 os.write(fd, block)
-                                self._check_single_reader(path)
+                                # Scanning every job process's fds costs CPU the job shares:
+                                # once a second is enough to catch a second reader.
+                                if time.monotonic() - checked > CHECK_READERS_S:
+                                    self._check_single_reader(path)
+                                    checked = time.monotonic()
                 finally:
                     # Before the reader can see EOF: the next epoch's FIFO appears, and this
                     # one disappears, so a late second reader gets "no such file" at once
