@@ -138,3 +138,19 @@ def test_allreduce_ranks_share_pipe_streams_and_a_short_stream_fails_fast(tmp_pa
     assert r.returncode != 0
     assert "input/data/training: the training data ended after 31 of 40 steps" in r.stderr
     assert "exited with status 2" in r.stderr     # the recipe's own error, no traceback
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"field_size": None}, "a stream carries no manifest; give field_size and feature_size"),
+    ({"mode": "parameter_server"}, "mode parameter_server reads File channels"),
+    ({"data_service": "grpc://localhost:1"}, "cannot be read through tf.data service"),
+    ({"cache": True}, "cache: a Pipe channel streams every epoch anew"),
+])
+def test_pipe_settings_that_cannot_work_are_refused_before_anything_starts(tmp_path, over, message):
+    from ctrtrain.errors import ConfigError
+    from ctrtrain.train.loop import TrainConfig, train
+    cfg = TrainConfig(str(tmp_path / "training"), str(tmp_path / "model"), input_mode="Pipe",
+                      **{"field_size": 39, "feature_size": 1000, **over})
+    with pytest.raises(ConfigError, match=message):
+        train(cfg)
+    assert not (tmp_path / "model").exists()

@@ -51,7 +51,8 @@ DEFAULTS = {"mode": "single", "data_service": False, "hosts": 1, "processes_per_
             "parameter_servers_per_host": 1, "devices": 2, "instance_type": "ml.c5.xlarge",
             "data_instance_type": "ml.c5.xlarge", "batch_size": 1024, "intra_op_threads": 0,
             "inter_op_threads": 0, "data_threads": 0, "format": "tfrecord", "parse": "vectorized",
-            "input_mode": "File", "distribution": "FullyReplicated", "cache": False, "mixed_precision": False, "xla": False,
+            "input_mode": "File", "distribution": "FullyReplicated", "cache": False,
+            "mixed_precision": False, "xla": False,
             "learning_rate": 0.001, "optimizer": "adam", "sparse_reduce": "gather"}
 HYPERPARAMETERS = ("batch_size", "intra_op_threads", "inter_op_threads", "data_threads", "parse",
                    "cache", "mixed_precision", "xla", "learning_rate", "optimizer", "devices",

@@ -3,8 +3,9 @@ each candidate a fresh training process on the same data (thread pools are fixed
 TensorFlow starts), and writes them where `ctrtrain train` and `ctrtrain launch` pick them up
 (train/tuned.py). A coordinate search: intra-op x inter-op threads at the default batch size,
 then the batch size with the best threads; each candidate's figure is the median of `repeats`
-fresh runs (a shared VM varies by several percent from run to run). Larger batches change the optimisation as well as
-the speed: the tuned batch size is a default, and the learning rate is the user's to adjust."""
+fresh runs (a shared VM varies by several percent from run to run). Larger batches change the
+optimisation as well as the speed: the tuned batch size is a default, and the learning rate is
+the user's to adjust."""
 
 from __future__ import annotations
 

@@ -87,6 +87,20 @@ def _check_config(cfg: TrainConfig):
         raise ConfigError("steps must be positive")
     if cfg.input_mode not in ("File", "Pipe"):
         raise ConfigError(f"input_mode must be File or Pipe, not {cfg.input_mode!r}")
+    if cfg.input_mode == "Pipe":
+        if not (cfg.field_size and cfg.feature_size):
+            raise ConfigError(f"Pipe channel {cfg.train_dir}: a stream carries no manifest; "
+                              "give field_size and feature_size")
+        if cfg.mode == "parameter_server":
+            raise ConfigError("mode parameter_server reads File channels: the chief defines "
+                              "every worker's dataset as a graph, and a Pipe channel's FIFO "
+                              "(read in Python, on one host) cannot run on a worker")
+        if cfg.data_service:
+            raise ConfigError("a Pipe channel cannot be read through tf.data service (its FIFO "
+                              "is on the training host, read in this process)")
+        if cfg.cache:
+            raise ConfigError("cache: a Pipe channel streams every epoch anew (the job's "
+                              "pipe_epochs); use a File channel to cache the data in memory")
 
 
 def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
@@ -139,16 +153,7 @@ def check_data(cfg: TrainConfig):
     """(train manifest, table rows): the training data's, checked against the other splits.
     A Pipe channel's manifest is made from the config (no files, records unknown)."""
     from ..data.manifest import Manifest, read_manifest
-    if cfg.input_mode == "Pipe":
-        if not (cfg.field_size and cfg.feature_size):
-            raise ConfigError(f"Pipe channel {cfg.train_dir}: a stream carries no manifest; "
-                              "give field_size and feature_size")
-        if cfg.data_service:
-            raise ConfigError("a Pipe channel cannot be read through tf.data service (its FIFO "
-                              "is on the training host, read in this process)")
-        if cfg.cache:
-            raise ConfigError("cache: a Pipe channel streams every epoch anew (the job's "
-                              "pipe_epochs); use a File channel to cache the data in memory")
+    if cfg.input_mode == "Pipe":    # field_size and feature_size given (_check_config)
         m = Manifest(cfg.data_format, cfg.field_size, cfg.feature_size, [],
                      label_format=cfg.label_format)
     else:

@@ -65,10 +65,6 @@ def train_parameter_server(cfg, threads) -> dict:
     if resolver.task_type != "chief":
         raise ConfigError(f"in mode parameter_server only the chief runs training; "
                           f"a {resolver.task_type} runs a server (ctrtrain.cluster.server)")
-    if cfg.input_mode == "Pipe":
-        raise ConfigError("mode parameter_server reads File channels: the chief defines every "
-                          "worker's dataset as a graph, and a Pipe channel's FIFO (read in "
-                          "Python, on one host) cannot run on a worker")
     num_ps, num_workers = cluster.num_tasks("ps"), cluster.num_tasks("worker")
     strategy = tf.distribute.ParameterServerStrategy(
         resolver, variable_partitioner=table_partitioner(num_ps))
