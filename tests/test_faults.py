@@ -69,10 +69,12 @@ def wait_for(cond, proc, timeout=300):
 
 
 def pid_of(run, label):
-    for line in (run / "logs" / "pids").read_text().splitlines():
-        pid, name = line.split(maxsplit=1)
+    """This machine's PID of a job's process (the job runs in a PID namespace of its own)."""
+    from ctrtrain.launch.isolation import job_processes
+    for pid, name in job_processes(run):
         if name == label:
-            return int(pid)
+            assert pid is not None, f"{label} is gone"
+            return pid
     raise KeyError(label)
 
 
@@ -128,16 +130,19 @@ def test_allreduce_rank_hung_is_torn_down_by_the_watchdog(tmp_path, data):
                                                       "algo-2/worker/1", signal.SIGSTOP,
                                                       timeout=180, watchdog=15)
     # Whichever notices first names the hung rank: TensorFlow's coordination service (the
-    # stopped task misses its heartbeats; the other rank's collective aborts and it exits), or
-    # the launcher's watchdog (no output from anyone; /proc says who is stopped).
+    # stopped task misses its heartbeats; the other rank's collective aborts and it exits),
+    # the launcher's check of process states (stopped for 10 s), or its watchdog.
     assert code == 2
     # (TF 2.21: "tasks are unhealthy (stopped sending heartbeats)", TF 2.15: "heartbeat timeout")
     assert ("heartbeat" in err and "/job:worker/replica:0/task:1" in err) or \
+        "algo-2/worker/1 has been stopped" in err or \
         ("no progress for 15 s" in err and "algo-2/worker/1 [stopped]" in err), err[-3000:]
     assert detect < 60, detect
     assert alive(run)[1] == []
-    record("allreduce: rank 1 SIGSTOPped (hung)", detect_s=round(detect, 1),
-           by="heartbeats" if "heartbeat" in err else "watchdog", outcome="failed fast")
+    by = "heartbeats" if "heartbeat" in err else "stopped state" if "has been stopped" in err \
+        else "watchdog"
+    record("allreduce: rank 1 SIGSTOPped (hung)", detect_s=round(detect, 1), by=by,
+           outcome="failed fast")
 
 
 def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, data, undisturbed):

@@ -35,15 +35,19 @@ def spec_from_example(tmp_path, name, **over):
 
 
 def alive(run_dir):
-    pids = [int(l.split()[0]) for l in (Path(run_dir) / "logs" / "pids").read_text().splitlines()]
+    """(every process the launch started, those still alive) as this machine's PIDs."""
+    from ctrtrain.launch.isolation import job_processes
+    procs = job_processes(run_dir)
     out = []
-    for pid in pids:
+    for pid, _ in procs:
+        if pid is None:
+            continue
         try:
             os.kill(pid, 0)
             out.append(pid)
         except ProcessLookupError:
             pass
-    return pids, out
+    return procs, out
 
 
 def test_sagemaker_script_runs_unchanged_with_sharded_channel(tmp_path):
@@ -420,8 +424,8 @@ def test_horovod_mode_without_horovod_fails_at_launch_with_a_message(tmp_path):
 def test_local_jobs_see_only_loopback(tmp_path):
     # TensorFlow's servers bind every interface; the launcher's network namespace leaves them
     # only loopback (where the machine allows user namespaces, as here and in CI).
-    from ctrtrain.launch import netns
-    if not netns.available():
+    from ctrtrain.launch import isolation
+    if not isolation.available():
         pytest.skip("no user network namespaces on this machine")
     (tmp_path / "ifaces.py").write_text(
         "import json, socket\nprint('IFACES', json.dumps(sorted(n for _, n in socket.if_nameindex())))\n")

@@ -39,7 +39,9 @@ def test_messy_whitespace_and_crlf_still_parse_exactly():
     (b"1 3:0.5 -7:1", "is not a non-negative integer"),
     (b"1 3:0.5 7.5:1", "is not a non-negative integer"),
     (b"1 3:0.5 100:1", "outside [0, 100)"),
-    (b"1 3:nan 7:1", "not finite"),
+    (b"1 3:nan 7:1", "not numeric"),
+        (b"1 3:1e39 7:1", "outside float32"),
+        (b"1 3:inf 7:1", "not numeric"),
 ])
 def test_malformed_line_is_named(line, reason):
     text = b"0 1:1 2:1\n1 1:1 2:1\n" + line + b"\n0 1:1 2:1\n"

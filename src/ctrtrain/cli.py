@@ -11,12 +11,50 @@ import sys
 from .errors import CtrError
 
 
+def _number(kind, low, high=None, low_open=False):
+    """An argparse type: a number of `kind` in [low, high] ((low, high] with low_open), so
+    nonsense such as --epochs -1 or --shards 0 is refused by name before anything runs."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if v != v or (v <= low if low_open else v < low) or (high is not None and v > high):
+            bound = f"> {low}" if low_open else f">= {low}"
+            raise argparse.ArgumentTypeError(
+                f"{text} is out of range (must be {bound}" + (f" and <= {high})" if high is not None else ")"))
+        return v
+    parse.__name__ = kind.__name__
+    return parse
+
+
+POSITIVE = _number(int, 1)
+NON_NEGATIVE = _number(int, 0)
+SECONDS = _number(float, 0)
+
+
+def _drop_rate(text: str) -> float:
+    v = _number(float, 0)(text)
+    if v >= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a drop rate in [0, 1)")
+    return v
+
+
 def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more positive integers")
+    return out
 
 
 def _fractions(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(","))
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
 
 
 def _data_commands(sub):
@@ -27,11 +65,11 @@ def _data_commands(sub):
 
     p = dsub.add_parser("synth", help="synthesize Criteo-like data with a known Bayes-optimal AUC")
     p.add_argument("--out", required=True, help="output directory (gets train/ valid/ test/)")
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--feature-size", type=int, default=1_000_000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--files-per-split", type=int, default=2)
-    p.add_argument("--processes", type=int, default=None, help="default: CPU count")
+    p.add_argument("--rows", type=POSITIVE, default=1_000_000)
+    p.add_argument("--feature-size", type=_number(int, 100), default=1_000_000)
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--files-per-split", type=POSITIVE, default=2)
+    p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_synth)
 
@@ -42,8 +80,11 @@ def _data_commands(sub):
                    help="default: TAB-separated = criteo, else csv with a header")
     p.add_argument("--vocab", default=None,
                    help="reuse this vocab.json (for test splits and prediction) instead of building one")
-    p.add_argument("--min-count", type=int, default=10, help="keep categorical values seen this often")
-    p.add_argument("--hash-buckets", type=int, default=0, help="hash categoricals into N buckets per field")
+    p.add_argument("--min-count", type=POSITIVE, default=10, help="keep categorical values seen this often")
+    p.add_argument("--hash-buckets", type=NON_NEGATIVE, default=0,
+                   help="hash categoricals into N buckets per field (0: vocabulary)")
+    p.add_argument("--label-column", default=None,
+                   help="CSV: the label column (default: 'label' or 'click', in any case)")
     p.add_argument("--no-label", action="store_true", help="rows have no label column")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_featurize)
@@ -52,21 +93,21 @@ def _data_commands(sub):
     p.add_argument("inputs", nargs="+", help="libsvm files or a data directory")
     p.add_argument("--out", required=True)
     p.add_argument("--to", choices=["tfrecord", "libsvm"], default="tfrecord")
-    p.add_argument("--field-size", type=int, default=None, help="default: from the input's manifest")
-    p.add_argument("--feature-size", type=int, default=None,
+    p.add_argument("--field-size", type=POSITIVE, default=None, help="default: from the input's manifest")
+    p.add_argument("--feature-size", type=POSITIVE, default=None,
                    help="ids must be below it; default: the input manifest's, else max id + 1")
-    p.add_argument("--shards", type=int, default=8, help="output files, equal record counts")
-    p.add_argument("--processes", type=int, default=None, help="default: CPU count")
+    p.add_argument("--shards", type=POSITIVE, default=8, help="output files, equal record counts")
+    p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
     p.add_argument("--gzip", action="store_true", help="gzip-compressed TFRecords")
     p.add_argument("--labels", choices=["01", "pm1"], default="01", help="label values: 0/1 or -1/1 (libfm)")
-    p.add_argument("--max-bad-rows", type=int, default=0,
+    p.add_argument("--max-bad-rows", type=NON_NEGATIVE, default=0,
                    help="skip and report up to N malformed rows instead of failing")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_convert)
 
     p = dsub.add_parser("validate", help="check a data directory against its manifest")
     p.add_argument("data_dir")
-    p.add_argument("--max-bad-rows", type=int, default=0)
+    p.add_argument("--max-bad-rows", type=NON_NEGATIVE, default=0)
     p.add_argument("--quick", action="store_true", help="files, sizes and checksums only")
     p.set_defaults(func=cmd_validate)
 
@@ -75,7 +116,7 @@ def _data_commands(sub):
     p.add_argument("--out", required=True)
     p.add_argument("--fractions", type=_fractions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
     p.add_argument("--by", choices=["hash", "order"], default="hash")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
     p.add_argument("--header", action="store_true", help="first line is a header (CSV)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_split)
@@ -102,7 +143,8 @@ def cmd_featurize(a):
     from .data.featurize import featurize
     from .data.validate import describe
     featurize(a.inputs, a.out, fmt=a.format, vocab_path=a.vocab, min_count=a.min_count,
-              hash_buckets=a.hash_buckets, has_label=not a.no_label, overwrite=a.overwrite)
+              hash_buckets=a.hash_buckets, has_label=not a.no_label, label_column=a.label_column,
+              overwrite=a.overwrite)
     print(describe(a.out))
 
 
@@ -174,18 +216,18 @@ def _bench_commands(sub):
     bench = sub.add_parser("bench", help="benchmarks (examples/s, median of runs)")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="WHAT")
     p = bsub.add_parser("data", help="libsvm -> TFRecord conversion and TFRecord read throughput")
-    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--rows", type=POSITIVE, default=1_000_000)
     p.add_argument("--processes", type=_ints, default=[1, 2], help="e.g. 1,2")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=POSITIVE, default=3)
     p.add_argument("--work-dir", default="runs/bench-data")
     p.add_argument("--json", default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_data)
     p = bsub.add_parser("train", help="DeepFM training examples/s vs the dense limit (reference config)")
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--feature-size", type=int, default=1_000_000)
-    p.add_argument("--steps", type=int, default=300, help="measured steps per run")
-    p.add_argument("--warmup", type=int, default=50, help="steps excluded from the figure")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rows", type=POSITIVE, default=1_000_000)
+    p.add_argument("--feature-size", type=POSITIVE, default=1_000_000)
+    p.add_argument("--steps", type=POSITIVE, default=300, help="measured steps per run")
+    p.add_argument("--warmup", type=NON_NEGATIVE, default=50, help="steps excluded from the figure")
+    p.add_argument("--repeats", type=POSITIVE, default=3)
     p.add_argument("--variants", default=None,
                    help="YAML mapping name -> settings (threads, xla, mixed_precision, cache, batch_size)")
     p.add_argument("--work-dir", default="runs/bench-train")
@@ -193,8 +235,8 @@ def _bench_commands(sub):
     p.set_defaults(func=cmd_bench_train)
     p = bsub.add_parser("profile", help="op-by-op CPU time of the reference training step")
     p.add_argument("--data", default=None, help="a TFRecord data directory (default: the reference data)")
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--feature-size", type=int, default=1_000_000)
+    p.add_argument("--rows", type=POSITIVE, default=1_000_000)
+    p.add_argument("--feature-size", type=POSITIVE, default=1_000_000)
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
@@ -205,10 +247,10 @@ def _bench_commands(sub):
                             "allreduce+data_service"],
                    help="cells: a mode, +data_service, :key=value settings "
                         "(e.g. allreduce:sparse_reduce=dense)")
-    p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument("--feature-size", type=int, default=100_000)
-    p.add_argument("--batch-size", type=int, default=1024, help="per process / replica")
-    p.add_argument("--steps", type=int, default=120, help="example budget = steps x batch size")
+    p.add_argument("--rows", type=POSITIVE, default=200_000)
+    p.add_argument("--feature-size", type=POSITIVE, default=100_000)
+    p.add_argument("--batch-size", type=POSITIVE, default=1024, help="per process / replica")
+    p.add_argument("--steps", type=POSITIVE, default=120, help="example budget = steps x batch size")
     p.add_argument("--prices", default=None, help="price table YAML (default: the shipped one)")
     p.add_argument("--work-dir", default="runs/bench-modes")
     p.add_argument("--out", default=None, help="write the report (JSON, CSV, Markdown, PNG) here")
@@ -282,41 +324,45 @@ def _train_commands(sub):
     p.add_argument("--test", dest="test_dir", help="test data directory")
     p.add_argument("--model-dir", required=True, help="checkpoints, logs, metrics and export")
     g = p.add_argument_group("model")
-    g.add_argument("--feature-size", type=int, default=None,
+    g.add_argument("--feature-size", type=POSITIVE, default=None,
                    help="embedding table rows (default: the data's; larger leaves room for new ids)")
-    g.add_argument("--embedding-size", type=int, default=d.embedding_size)
+    g.add_argument("--embedding-size", type=POSITIVE, default=d.embedding_size)
     g.add_argument("--deep-layers", type=_ints, default=list(d.deep_layers), help="e.g. 256,128,64")
-    g.add_argument("--dropout", type=float, default=d.dropout, help="drop rate of deep layers")
+    g.add_argument("--dropout", type=_drop_rate, default=d.dropout,
+                   help="drop rate of deep layers")
     g.add_argument("--batch-norm", action="store_true")
-    g.add_argument("--l2-reg", type=float, default=d.l2_reg)
+    g.add_argument("--l2-reg", type=_number(float, 0), default=d.l2_reg)
     g.add_argument("--optimizer", choices=["adam", "adagrad", "ftrl", "sgd", "momentum"], default=d.optimizer)
-    g.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    g.add_argument("--learning-rate", type=_number(float, 0, low_open=True), default=d.learning_rate)
     g = p.add_argument_group("schedule")
-    g.add_argument("--batch-size", type=int, default=None,
+    g.add_argument("--batch-size", type=POSITIVE, default=None,
                    help=f"default: the tuned one (ctrtrain tune), else {d.batch_size}")
-    g.add_argument("--epochs", type=float, default=d.epochs)
-    g.add_argument("--steps", type=int, default=None, help="overrides --epochs")
-    g.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer)
+    g.add_argument("--epochs", type=_number(float, 0, low_open=True), default=d.epochs)
+    g.add_argument("--steps", type=POSITIVE, default=None, help="overrides --epochs")
+    g.add_argument("--shuffle-buffer", type=NON_NEGATIVE, default=d.shuffle_buffer)
     g.add_argument("--cache", action="store_true", help="keep the training records in memory")
-    g.add_argument("--log-every", type=int, default=d.log_every)
-    g.add_argument("--eval-every", type=int, default=d.eval_every)
-    g.add_argument("--early-stopping", type=int, default=d.early_stopping, metavar="EVALS")
-    g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="STEPS")
-    g.add_argument("--checkpoint-secs", type=float, default=d.checkpoint_secs)
-    g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    g.add_argument("--log-every", type=POSITIVE, default=d.log_every)
+    g.add_argument("--eval-every", type=NON_NEGATIVE, default=d.eval_every)
+    g.add_argument("--early-stopping", type=NON_NEGATIVE, default=d.early_stopping, metavar="EVALS")
+    g.add_argument("--checkpoint-every", type=NON_NEGATIVE, default=d.checkpoint_every, metavar="STEPS")
+    g.add_argument("--checkpoint-secs", type=SECONDS, default=d.checkpoint_secs)
+    g.add_argument("--keep-checkpoints", type=POSITIVE, default=d.keep_checkpoints)
     g = p.add_argument_group("speed")
     g.add_argument("--xla", action="store_true", help="XLA-compile the dense MLP (the sparse part has dynamic shapes)")
     g.add_argument("--mixed-precision", action="store_true", help="bfloat16 MLP compute")
-    g.add_argument("--intra-op-threads", type=int, default=0, help="0 = automatic")
-    g.add_argument("--inter-op-threads", type=int, default=0)
-    g.add_argument("--data-threads", type=int, default=0)
+    g.add_argument("--intra-op-threads", type=NON_NEGATIVE, default=0, help="0 = automatic")
+    g.add_argument("--inter-op-threads", type=NON_NEGATIVE, default=0)
+    g.add_argument("--data-threads", type=NON_NEGATIVE, default=0)
     g = p.add_argument_group("distribution (multi-process modes run through `ctrtrain launch`)")
     g.add_argument("--mode", choices=["single", "mirrored"], default="single",
                    help="mirrored: MirroredStrategy over this host's GPUs, or --devices logical CPUs")
-    g.add_argument("--devices", type=int, default=d.devices)
+    g.add_argument("--devices", type=POSITIVE, default=d.devices)
     g.add_argument("--scale-lr", action="store_true",
                    help="multiply the learning rate by the replicas (the global batch grows with them)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--fresh", action="store_true",
+                   help="start over: delete the model directory's checkpoints, logs and export "
+                        "(default: resume from its last checkpoint)")
     p.add_argument("--no-export", action="store_true")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_train)
@@ -328,7 +374,7 @@ def _train_commands(sub):
     p.add_argument("--input-format", choices=["auto", "dir", "tfrecord", "libsvm", "raw"], default="auto")
     p.add_argument("--vocab", default=None, help="vocabulary for raw rows (default: the model's)")
     p.add_argument("--no-label", action="store_true", help="raw rows have no label column")
-    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--batch-size", type=POSITIVE, default=4096)
     p.set_defaults(func=cmd_predict)
 
 
@@ -348,8 +394,8 @@ def train_config_from_args(a):
         checkpoint_every=a.checkpoint_every, checkpoint_secs=a.checkpoint_secs,
         keep_checkpoints=a.keep_checkpoints, xla=a.xla, mixed_precision=a.mixed_precision,
         threads=ThreadConfig(a.intra_op_threads, a.inter_op_threads, a.data_threads),
-        seed=a.seed, export=not a.no_export, progress=not a.quiet,
-        mode=a.mode, devices=a.devices, scale_lr=a.scale_lr)
+        seed=a.seed, export=not a.no_export, progress=not a.quiet, quiet=a.quiet,
+        mode=a.mode, devices=a.devices, scale_lr=a.scale_lr, fresh=a.fresh)
 
 
 def cmd_train(a):
@@ -374,10 +420,10 @@ def _tune_command(sub):
     p = sub.add_parser("tune", help="find this host's fastest thread settings and batch size; "
                                     "train and launch then use them")
     p.add_argument("--data", default=None, help="a TFRecord training directory (default: synthesized)")
-    p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument("--feature-size", type=int, default=100_000)
-    p.add_argument("--steps", type=int, default=60, help="measured steps per candidate")
-    p.add_argument("--repeats", type=int, default=3, help="runs per candidate (the median counts)")
+    p.add_argument("--rows", type=POSITIVE, default=200_000)
+    p.add_argument("--feature-size", type=POSITIVE, default=100_000)
+    p.add_argument("--steps", type=POSITIVE, default=60, help="measured steps per candidate")
+    p.add_argument("--repeats", type=POSITIVE, default=3, help="runs per candidate (the median counts)")
     p.add_argument("--out", default=None,
                    help="where to write (default: $CTRTRAIN_TUNED or ~/.config/ctrtrain/tuned.json)")
     p.add_argument("--work-dir", default="runs/tune")
@@ -390,12 +436,13 @@ def _launch_commands(sub):
                                    "environment a SageMaker TensorFlow container gives.")
     p.add_argument("spec", help="job spec YAML")
     p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
-    p.add_argument("--time-limit", type=float, default=None, help="override the spec's time_limit (s)")
+    p.add_argument("--time-limit", type=_number(float, 0, low_open=True), default=None, help="override the spec's time_limit (s)")
     p.add_argument("--quiet", action="store_true", help="no per-process console lines (logs still written)")
     p.add_argument("--network", choices=["loopback", "host"], default="loopback",
                    help="loopback (default): run the job in a network namespace with only a "
                         "loopback interface, so its servers cannot be reached from outside; "
-                        "host: the machine's network")
+                        "host: the machine's network. Either way the job runs in a PID "
+                        "namespace of its own: no process outlives it")
     p.set_defaults(func=cmd_launch)
 
 
@@ -408,11 +455,12 @@ def cmd_launch(a):
     if a.time_limit:
         over["time_limit"] = a.time_limit
     spec = load_spec(a.spec, over)   # spec errors first, before any re-execution
-    if a.network == "loopback":
-        from .launch import netns
-        if netns.isolate(a.argv) == "unavailable":
-            print("warning: no user network namespaces here: the job's servers listen on every "
-                  "interface (docs/reliability.md)", file=sys.stderr)
+    from .launch import isolation
+    if isolation.isolate(a.argv, a.network) == "unavailable":
+        print("warning: no user namespaces here: processes the entry point detaches may "
+              "outlive the job" + (", and the job's servers listen on every interface"
+                                   if a.network == "loopback" else "")
+              + " (docs/reliability.md)", file=sys.stderr)
     s = launch(spec, console=not a.quiet)
     print(f"job {s['job']} finished in {s['seconds']:.1f} s; model: {s.get('model')}")
 
@@ -422,18 +470,24 @@ def _run_command(sub):
                                    "and run them (SageMaker env, TF_CONFIG or flags)")
     p.add_argument("--mode", default=None, help="single|parameter_server|allreduce|mirrored|horovod "
                    "(default: hyperparameter 'ctrtrain_mode', else single)")
-    p.add_argument("--processes-per-host", type=int, default=1)
-    p.add_argument("--parameter-servers-per-host", type=int, default=1)
+    p.add_argument("--processes-per-host", type=POSITIVE, default=1)
+    p.add_argument("--parameter-servers-per-host", type=POSITIVE, default=1)
     p.add_argument("--data-service-group", default=None)
     p.add_argument("--processing-mode", choices=["parallel_epochs", "distributed_epoch"],
                    default=None, help="tf.data service processing mode (default: "
                    "distributed_epoch in mode parameter_server, else parallel_epochs)")
     p.add_argument("--hosts", default=None, help="bare machines: comma-separated host names")
-    p.add_argument("--host-index", type=int, default=None)
-    p.add_argument("--base-port", type=int, default=2222,
+    p.add_argument("--host-index", type=NON_NEGATIVE, default=None)
+    p.add_argument("--base-port", type=_number(int, 1, 65535), default=2222,
                    help="first port of each host's servers (the same on every host)")
     p.add_argument("--script", default=None, help="entry point script (default: the deepfm recipe)")
     p.add_argument("--module", default=None, help="entry point module")
+    p.add_argument("--watchdog", type=_number(float, 0, low_open=True), default=600,
+                   help="seconds without progress (output or a training heartbeat) after which "
+                        "this host's processes are stuck and torn down, e.g. waiting for a peer "
+                        "that never starts")
+    p.add_argument("--time-limit", type=_number(float, 0, low_open=True), default=None,
+                   help="tear this host's processes down after this many seconds")
     p.add_argument("--dry-run", action="store_true", help="print the resolved roles and exit")
     p.add_argument("entry_args", nargs="*", help="arguments for the entry point")
     p.set_defaults(func=cmd_run)
@@ -466,7 +520,8 @@ def cmd_run(a):
     check_ports(r.processes)
     kind, target = ("script", a.script) if a.script else (("module", a.module) if a.module
                                                           else ("recipe", "deepfm"))
-    sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs")
+    sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs",
+                     time_limit=a.time_limit, watchdog=a.watchdog)
     processing = a.processing_mode or default_processing_mode(mode)
     for p in r.processes:
         env = dict(os.environ)
@@ -483,9 +538,9 @@ def _quickstart_command(sub):
     p = sub.add_parser("quickstart", help="the main job on embedded defaults: synthesize, convert, "
                                           "train, evaluate, export")
     p.add_argument("--work-dir", default="runs/quickstart")
-    p.add_argument("--rows", type=int, default=600_000)
-    p.add_argument("--feature-size", type=int, default=100_000)
-    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--rows", type=POSITIVE, default=600_000)
+    p.add_argument("--feature-size", type=POSITIVE, default=100_000)
+    p.add_argument("--epochs", type=_number(float, 0, low_open=True), default=1.0)
     p.set_defaults(func=cmd_quickstart)
 
 
@@ -521,10 +576,16 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except CtrError as e:
         print(f"ctrtrain: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)   # 2, or 128 + signal for a stopped run
     except KeyboardInterrupt:
         print("ctrtrain: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        # The machine said no (disk full, unreadable, a file where a directory belongs): the
+        # user's to fix, so named like any other input error, not a traceback.
+        where = " -> ".join(str(x) for x in (e.filename, e.filename2) if x) or "I/O"
+        print(f"ctrtrain: error: {where}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -61,7 +61,7 @@ def _train_worker(p: dict) -> dict:
             deep_layers=tuple(p["deep_layers"]), batch_size=p["batch_size"],
             optimizer=p["optimizer"], steps=p["warmup"] + p["steps"], log_every=p["window"],
             feature_size=p.get("model_feature_size"),
-            checkpoint_every=0, export=False, progress=False, cache=p.get("cache", False),
+            checkpoint_every=0, export=False, progress=False, quiet=True, cache=p.get("cache", False),
             xla=p.get("xla", False), mixed_precision=p.get("mixed_precision", False),
             threads=ThreadConfig(**p.get("threads", {})))
         r = train(cfg)

@@ -21,8 +21,13 @@ def process_env(p: Process, procs: list[Process], cores: int,
         env["TF_CONFIG"] = json.dumps(p.tf_config)
     if p.rank is not None:
         env.update(RANK=str(p.rank), WORLD_SIZE=str(p.world_size))
-    # Training processes (readers) on this host: the sharding plan's workers per host.
-    env["LOCAL_SIZE"] = str(sum(1 for q in on_host if q.role == "worker"))
+    # Who reads the training data, for the sharding plan (data/sharding.py): the hosts that
+    # run readers, in plan order, and this host's readers. Given the same way by the local
+    # launcher and by `ctrtrain run` (SageMaker, TF_CONFIG, --hosts), so every path splits
+    # the data alike.
+    readers = [q for q in procs if is_reader(q)]
+    env["CTRTRAIN_READER_HOSTS"] = json.dumps(list(dict.fromkeys(q.host for q in readers)))
+    env["LOCAL_SIZE"] = str(sum(1 for q in readers if q.host == p.host))
     d = dispatcher_address(procs)
     if d:
         env["CTRTRAIN_DATA_SERVICE"] = d
@@ -43,6 +48,12 @@ def process_env(p: Process, procs: list[Process], cores: int,
     env.update(TF_NUM_INTRAOP_THREADS=str(intra), TF_NUM_INTEROP_THREADS=str(inter),
                OMP_NUM_THREADS=str(intra))
     return env
+
+
+def is_reader(p: Process) -> bool:
+    """Training processes that read the training channel themselves (a parameter-server
+    worker is a server: its data comes through the coordinator's dataset)."""
+    return p.role in ("chief", "worker") and not p.is_server
 
 
 def process_command(p: Process, kind: str, target: str, args: list[str],

@@ -57,6 +57,23 @@ def check_ports(processes: list[Process]) -> None:
                 raise
 
 
+def tf_config_processes(cluster: dict) -> list[Process]:
+    """Every task of a TF_CONFIG cluster as a process on a host of its own (a TFJob pod),
+    named `<role>-<index>` -- two tasks may share an address's host part on one machine, so
+    the task, not the address, is the host -- with ranks for all-reduce (chief first)."""
+    procs = []
+    for role in ("chief", "worker", "ps", "evaluator"):
+        for i, addr in enumerate(cluster.get(role, [])):
+            task_cfg = {"cluster": cluster, "task": {"type": role, "index": i}}
+            procs.append(Process(f"{role}-{i}", "tfjob", role, i, 0, address=addr,
+                                 tf_config=task_cfg))
+    if "ps" not in cluster:
+        ranked = [q for q in procs if q.role in ("chief", "worker")]
+        for r, q in enumerate(ranked):
+            q.rank, q.world_size = r, len(ranked)
+    return procs
+
+
 def resolve(environ=os.environ, mode: str = "single", processes_per_host: int = 1,
             parameter_servers_per_host: int = 1, data_service_group: str | None = None,
             hosts: list[str] | None = None, host_index: int | None = None,
@@ -72,12 +89,10 @@ def resolve(environ=os.environ, mode: str = "single", processes_per_host: int = 
         if role == "master":  # SageMaker's TF1 parameter-server naming
             raise ConfigError("TF_CONFIG names a 'master' (TF1); TF2's ParameterServerStrategy "
                               "needs a 'chief' job")
-        p = Process(addr.rsplit(":", 1)[0], "tfjob", role, index, 0, address=addr, tf_config=cfg)
-        if role == "worker" and "ps" not in cluster:
-            workers = cluster["worker"]
-            p.rank, p.world_size = index + (1 if "chief" in cluster else 0), len(workers) + (
-                1 if "chief" in cluster else 0)
-        return Resolved("tf_config", p.host, [p], [p])
+        procs = tf_config_processes(cluster)
+        me = next(q for q in procs if q.role == role and q.index == index)
+        me.tf_config = cfg   # exactly as given (it may carry more keys, e.g. "environment")
+        return Resolved("tf_config", me.host, [me], procs)
     if hosts:
         if host_index is None or not 0 <= host_index < len(hosts):
             raise ConfigError(f"--host-index must be in [0, {len(hosts)})")

@@ -70,7 +70,7 @@ def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | 
         raise DataError("input has no rows", path=", ".join(files))
     shards = max(1, min(shards, sum(counts)))
     processes = processes or os.cpu_count() or 1
-    out = prepare_output_dir(out_dir, overwrite)
+    out = prepare_output_dir(out_dir, overwrite, [*inputs, *files] + ([vocabulary_file] if vocabulary_file else []))
     suffix = SUFFIX + (".gz" if compression == "gzip" else "")
     runs = split_ranges(files, counts, shards)
     tasks = [(str(out / shard_name(i, shards, suffix)), segs, field_size, feature_size,
@@ -85,6 +85,9 @@ def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | 
         bad = [b for r in results for b in r["bad"]]
         if len(bad) > max_bad_rows:
             raise _too_many_bad(bad, max_bad_rows)
+        if not sum(r["file"].records for r in results):
+            raise DataError(f"no valid rows: all {len(bad)} rows were bad (the first: "
+                            f"{_too_many_bad(bad, 0)})", path=", ".join(files))
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -135,7 +138,7 @@ def tfrecord_to_libsvm(data_dir, out_dir, *, processes: int | None = None,
     if m.format != "tfrecord":
         raise DataError(f"expected a tfrecord data directory, found format {m.format!r}",
                         path=str(Path(data_dir) / MANIFEST_NAME))
-    out = prepare_output_dir(out_dir, overwrite)
+    out = prepare_output_dir(out_dir, overwrite, [data_dir])
     tasks = [(src, str(out / (Path(f.path).name.split(SUFFIX)[0] + ".libsvm")), m.field_size,
               m.compression) for src, f in zip(m.paths(data_dir), m.files)]
     try:

@@ -89,28 +89,56 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: str) -> "Vocabulary":
+        """A saved vocabulary, every field type-checked (a damaged file is named, not a
+        traceback or, worse, other ids)."""
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 d = json.load(f)
-            return cls(RawSchema(**d["schema"]), d["mode"], d["min_count"], d["hash_buckets"],
-                       d["values"])
         except FileNotFoundError:
             raise DataError("vocabulary file not found", path=path) from None
-        except (KeyError, TypeError, json.JSONDecodeError) as e:
-            raise DataError(f"not a ctrtrain vocabulary ({e})", path=path) from e
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise DataError(f"not a ctrtrain vocabulary: not valid JSON ({e})", path=path) from None
+
+        def strs(v):
+            return isinstance(v, list) and all(isinstance(x, str) for x in v)
+        problem = None
+        if not isinstance(d, dict) or not isinstance(d.get("schema"), dict):
+            problem = "no schema"
+        else:
+            sc = d["schema"]
+            if set(sc) != {"label", "numeric", "categorical"} or not strs(sc["numeric"]) \
+                    or not strs(sc["categorical"]) or not isinstance(sc["label"], (str, type(None))):
+                problem = "schema needs label, numeric and categorical column names"
+            elif d.get("mode") not in ("vocab", "hash"):
+                problem = f"mode {str(d.get('mode'))[:20]!r} is not vocab or hash"
+            elif not (isinstance(d.get("hash_buckets"), int) and d["hash_buckets"] >= 0
+                      and (d["mode"] == "vocab" or d["hash_buckets"] > 0)):
+                problem = "hash_buckets must be a non-negative integer (positive for hash mode)"
+            elif not isinstance(d.get("min_count"), int):
+                problem = "min_count must be an integer"
+            elif not isinstance(d.get("values"), dict) or (d["mode"] == "vocab" and any(
+                    not strs(d["values"].get(c)) for c in sc["categorical"])):
+                problem = "values must map every categorical column to a list of strings"
+        if problem:
+            raise DataError(f"not a ctrtrain vocabulary: {problem}", path=path)
+        return cls(RawSchema(**d["schema"]), d["mode"], d["min_count"], d["hash_buckets"],
+                   d["values"])
 
 
 def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema | None = None,
-                     min_count: int = 10, hash_buckets: int = 0) -> Vocabulary:
+                     min_count: int = 10, hash_buckets: int = 0, has_label: bool = True,
+                     label_column: str | None = None) -> Vocabulary:
     """Counts categorical values over the training files (one pass) and keeps the frequent ones,
     most frequent first (ties by value, so the result does not depend on chunking)."""
     if hash_buckets:
         for p in paths:
-            schema, _ = next(read_raw(p, fmt or sniff_format(p), schema, chunk_rows=1))
+            schema, _ = next(read_raw(p, fmt or sniff_format(p), schema, chunk_rows=1,
+                                      has_label=has_label, label_column=label_column))
         return Vocabulary(schema, "hash", min_count, hash_buckets)
     counts: dict[str, Counter] = {}
     for p in paths:
-        for schema, chunk in read_raw(p, fmt or sniff_format(p), schema):
+        for schema, chunk in read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
+                                      label_column=label_column):
             for j, col in enumerate(schema.categorical):
                 vc = pd.Series(chunk.categorical[:, j]).value_counts()
                 counts.setdefault(col, Counter()).update(dict(zip(vc.index, vc.to_numpy().tolist())))
@@ -123,15 +151,33 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
     return Vocabulary(schema, "vocab", min_count, 0, values)
 
 
-def featurize_file(path: str, vocab: Vocabulary, fmt: str | None = None, has_label: bool = True):
+def featurize_file(path: str, vocab: Vocabulary, fmt: str | None = None, has_label: bool = True,
+                   label_column: str | None = None):
     """Yields Rows blocks of a raw file under a vocabulary."""
-    for _, chunk in read_raw(path, fmt or sniff_format(path), vocab.schema, has_label=has_label):
+    for _, chunk in read_raw(path, fmt or sniff_format(path), vocab.schema, has_label=has_label,
+                             label_column=label_column):
         yield vocab.transform(chunk)
+
+
+def output_names(files: list[str]) -> list[str]:
+    """`<stem>.libsvm` per input, made unique in input order (`a/day.txt` and `b/day.txt`, or
+    `day.txt` and `day.tsv`, would otherwise write one file over the other)."""
+    from pathlib import Path
+    names, used = [], set()
+    for f in files:
+        stem, k = Path(f).stem, 1
+        name = f"{stem}.libsvm"
+        while name in used:
+            k += 1
+            name = f"{stem}-{k}.libsvm"
+        used.add(name)
+        names.append(name)
+    return names
 
 
 def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None = None,
               min_count: int = 10, hash_buckets: int = 0, has_label: bool = True,
-              overwrite: bool = False):
+              label_column: str | None = None, overwrite: bool = False):
     """Raw files -> a libsvm data directory (one file per input) with the vocabulary beside it.
     Without `vocab_path` the vocabulary is built from these inputs (the training split)."""
     from pathlib import Path
@@ -142,15 +188,16 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
 
     files = list_inputs(inputs)
     vocab = Vocabulary.load(vocab_path) if vocab_path else \
-        build_vocabulary(files, fmt, min_count=min_count, hash_buckets=hash_buckets)
-    out = prepare_output_dir(out_dir, overwrite)
+        build_vocabulary(files, fmt, min_count=min_count, hash_buckets=hash_buckets,
+                         has_label=has_label, label_column=label_column)
+    out = prepare_output_dir(out_dir, overwrite, [*inputs, *([vocab_path] if vocab_path else [])])
     entries, positives = [], 0
     try:
-        for f in files:
-            dst = out / (Path(f).stem + ".libsvm")
+        for f, name in zip(files, output_names(files)):
+            dst = out / name
             n = 0
             with open(str(dst) + ".tmp", "wb") as w:
-                for rows in featurize_file(f, vocab, fmt, has_label):
+                for rows in featurize_file(f, vocab, fmt, has_label, label_column):
                     w.write(format_libsvm(rows))
                     n += len(rows)
                     positives += int(rows.labels.sum())

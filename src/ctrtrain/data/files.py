@@ -15,22 +15,41 @@ from .manifest import MANIFEST_NAME
 _BLOCK = 1 << 24
 
 
+# Files a ctrtrain tool writes beside data (never data themselves).
+METADATA_NAMES = (MANIFEST_NAME, "vocab.json", "split.json")
+
+
 def list_inputs(paths: list[str] | str) -> list[str]:
-    """Files named directly, or every regular file in a named directory (sorted by name,
-    hidden files and manifests excluded). A missing path or an empty directory is an error."""
+    """Files named directly, or the data files of a named directory: those its manifest lists,
+    else every regular file in it (sorted by name; ctrtrain's own metadata files aside). A
+    directory holding anything else -- sub-folders, hidden or temporary files, other JSON --
+    is refused rather than read in part: name the data files explicitly then. A missing path
+    or an empty directory is an error."""
+    from .manifest import read_manifest
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     out = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(str(f) for f in p.iterdir() if f.is_file()
-                           and not f.name.startswith(".") and f.name != MANIFEST_NAME
-                           and not f.name.endswith((".tmp", ".json")))
+            if (p / MANIFEST_NAME).exists():
+                out += read_manifest(p).paths(p)
+                continue
+            entries = sorted(p.iterdir())
+            odd = [e.name + ("/" if e.is_dir() else "") for e in entries
+                   if e.name not in METADATA_NAMES and (not e.is_file() or e.name.startswith(".")
+                                                        or e.name.endswith((".tmp", ".json")))]
+            if odd:
+                raise DataError(f"directory holds entries that are not plain data files "
+                                f"({', '.join(odd[:5])}{' ...' if len(odd) > 5 else ''}); "
+                                "name the data files explicitly", path=str(p))
+            found = [str(e) for e in entries if e.is_file() and e.name not in METADATA_NAMES]
             if not found:
                 raise DataError("directory has no data files", path=str(p))
             out += found
         elif p.is_file():
             out.append(str(p))
+        elif p.exists():
+            raise DataError("not a regular file or directory", path=str(p))
         else:
             raise DataError("no such file or directory", path=str(p))
     return out
@@ -130,14 +149,37 @@ def read_line_blocks(seg: Segment, block_lines: int):
             line += n
 
 
-def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
-    """An output directory must be new or empty, or explicitly overwritten (never mixed)."""
+def _overlap(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+def check_not_input(out: str | os.PathLike, inputs, what: str = "output") -> None:
+    """Refuses an output that is an input, lies inside an input directory, or contains an
+    input: writing (or replacing) it would destroy the data before it is read."""
+    o = Path(out).resolve()
+    for i in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs or []):
+        if _overlap(o, Path(i).resolve()):
+            raise DataError(f"{what} {out} overlaps the input {i}; choose a path outside the "
+                            "inputs", path=str(out))
+
+
+def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool, inputs=()) -> Path:
+    """An output directory must be new or empty, or -- with overwrite -- a ctrtrain output
+    (it holds a manifest or split.json) that is none of the inputs: never an arbitrary
+    directory, never mixed."""
     out = Path(out_dir)
+    check_not_input(out, inputs, "output directory")
+    if out.exists() and not out.is_dir():
+        raise DataError("output exists and is not a directory", path=str(out))
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise DataError("output directory is not empty (pass --overwrite to replace it)",
                             path=str(out))
-        shutil.rmtree(out)
+        if not any((out / n).exists() for n in (MANIFEST_NAME, "split.json")):
+            raise DataError("--overwrite replaces only an empty directory or a ctrtrain output "
+                            "(one with a manifest.json or split.json); this one is neither, so "
+                            "it is left as it is", path=str(out))
+        shutil.rmtree(out.resolve() if out.is_symlink() else out)
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
         raise DataError("output directory is not writable", path=str(out))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import warnings
 
 import numpy as np
@@ -22,6 +23,14 @@ MAX_EXACT_ID = 2 ** 53  # ids travel through float64 on the fast path
 
 _SEPARATORS = np.zeros(256, dtype=bool)
 _SEPARATORS[[ord(" "), ord(":"), ord("\n")]] = True
+# The only bytes the fast path reads: anything else (quotes, a BOM, CR, tabs, letters of
+# "inf" or "nan", "_" in "1_000") goes to the per-line path, which alone decides about it, so a
+# line is accepted or refused the same whatever else its block holds.
+_FAST_BYTES = np.zeros(256, dtype=bool)
+_FAST_BYTES[[ord(c) for c in "0123456789.+-eE :\n"]] = True
+# A number as both paths accept it (no "inf", "nan", "0x1p3", "1_000", which float() takes).
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclasses.dataclass
@@ -59,6 +68,8 @@ def _parse_fast(text: bytes, field_size: int) -> np.ndarray | None:
     buf = np.frombuffer(text, dtype=np.uint8)
     n = text.count(b"\n")
     width = 2 * field_size + 1
+    if not _FAST_BYTES[buf].all():
+        return None
     is_sep = _SEPARATORS[buf]
     if is_sep[0] or (is_sep[1:] & is_sep[:-1]).any():
         return None  # an empty token: doubled space, blank line, "id:" ...
@@ -77,7 +88,9 @@ def _parse_fast(text: bytes, field_size: int) -> np.ndarray | None:
     except (ValueError, pd.errors.ParserError):
         return None
     arr = frame.to_numpy(dtype=np.float64)
-    return arr if arr.shape == (n, width) else None
+    if arr.shape != (n, width) or np.isnan(arr).any():
+        return None   # a token pandas could not read: the per-line path names it
+    return arr
 
 
 def _parse_line(line: str, field_size: int) -> list[float]:
@@ -86,19 +99,17 @@ def _parse_line(line: str, field_size: int) -> list[float]:
         raise ValueError("empty line")
     if len(tokens) - 1 != field_size:
         raise ValueError(f"expected {field_size} id:value pairs, found {len(tokens) - 1}")
-    try:
-        out = [float(tokens[0])]
-    except ValueError:
-        raise ValueError(f"label {tokens[0]!r} is not a number") from None
+    if not _NUMBER.fullmatch(tokens[0]):
+        raise ValueError(f"label {tokens[0][:40]!r} is not a number")
+    out = [float(tokens[0])]
     for j, tok in enumerate(tokens[1:]):
         key, colon, val = tok.partition(":")
         if not colon:
-            raise ValueError(f"pair {j + 1} {tok!r} has no ':'")
-        try:
-            out.append(float(key))
-            out.append(float(val))
-        except ValueError:
-            raise ValueError(f"pair {j + 1} {tok!r} is not numeric id:value") from None
+            raise ValueError(f"pair {j + 1} {tok[:40]!r} has no ':'")
+        if not (_NUMBER.fullmatch(key) and _NUMBER.fullmatch(val)):
+            raise ValueError(f"pair {j + 1} {tok[:40]!r} is not numeric id:value")
+        out.append(float(key))
+        out.append(float(val))
     return out
 
 
@@ -134,7 +145,8 @@ def parse_libsvm(text: bytes, field_size: int, *, path: str = "<text>", first_li
     label_ok = np.isin(labels, allowed)
     id_int = (ids == np.floor(ids)) & (ids >= 0) & (ids < MAX_EXACT_ID)
     id_range = ids < feature_size if feature_size is not None else np.ones_like(id_int)
-    value_ok = np.isfinite(values)
+    with np.errstate(over="ignore", invalid="ignore"):
+        value_ok = np.isfinite(values.astype(np.float32))   # stored as float32: 1e39 -> inf
     row_ok = label_ok & id_int.all(1) & id_range.all(1) & value_ok.all(1)
     if not row_ok.all():
         for r in np.flatnonzero(~row_ok):
@@ -149,7 +161,8 @@ def parse_libsvm(text: bytes, field_size: int, *, path: str = "<text>", first_li
                 reason = f"pair {j + 1}: id {int(ids[r, j])} is outside [0, {feature_size})"
             else:
                 j = int(np.flatnonzero(~value_ok[r])[0])
-                reason = f"pair {j + 1}: value {values[r, j]!r} is not finite"
+                reason = (f"pair {j + 1}: value {values[r, j]:g} is outside float32's range "
+                          f"(|x| <= {FLOAT32_MAX:.4g})")
             bad.append(BadRow(path, first_line + int(line_idx[r]), reason))
         bad.sort(key=lambda b: b.line)
         labels, ids, values = labels[row_ok], ids[row_ok], values[row_ok]

@@ -48,13 +48,52 @@ class Manifest:
 
     @classmethod
     def from_json(cls, d: dict, where: str = "manifest") -> "Manifest":
+        """A manifest as written by ctrtrain, or a DataError naming the field that is not:
+        every field's type is checked here, so no reader meets a "39" for 39."""
+        def bad(field, why):
+            return DataError(f"not a valid ctrtrain manifest: {why}", path=where, field=field)
+        if not isinstance(d, dict):
+            raise bad(None, "not a JSON object")
+        for k in ("format", "field_size", "feature_size", "files"):
+            if k not in d:
+                raise bad(k, "missing")
+        if d["format"] not in ("tfrecord", "libsvm"):
+            raise bad("format", f"{_short(d['format'])} is not tfrecord or libsvm")
+        for k in ("field_size", "feature_size"):
+            if not _is_int(d[k]) or d[k] <= 0:
+                raise bad(k, f"{_short(d[k])} is not a positive integer")
+        if d.get("compression") not in (None, "gzip"):
+            raise bad("compression", f"{_short(d['compression'])} is not null or gzip")
+        if d.get("label_format", "01") not in ("01", "pm1"):
+            raise bad("label_format", f"{_short(d['label_format'])} is not 01 or pm1")
+        if not isinstance(d["files"], list):
+            raise bad("files", "must be a list")
+        files = []
+        for i, f in enumerate(d["files"]):
+            if not isinstance(f, dict) or set(f) != {"path", "records", "bytes", "sha256"}:
+                raise bad(f"files[{i}]", "needs exactly path, records, bytes, sha256")
+            path = f["path"]
+            if not isinstance(path, str) or not path or os.path.isabs(path) \
+                    or ".." in Path(path).parts:
+                raise bad(f"files[{i}].path", f"{_short(path)} must be a relative path inside "
+                          "the data directory (no absolute path, no '..')")
+            for k in ("records", "bytes"):
+                if not _is_int(f[k]) or f[k] < 0:
+                    raise bad(f"files[{i}].{k}", f"{_short(f[k])} is not a non-negative integer")
+            if not isinstance(f["sha256"], str):
+                raise bad(f"files[{i}].sha256", "must be a string")
+            files.append(FileEntry(**f))
+        if not _is_int(d.get("positives", 0)):
+            raise bad("positives", "must be an integer")
+        vocab = d.get("vocabulary")
+        if vocab is not None and (not isinstance(vocab, str) or "/" in vocab or vocab.startswith(".")):
+            raise bad("vocabulary", f"{_short(vocab)} must be a file name in the data directory")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in fields and k != "files"}
         try:
-            files = [FileEntry(**f) for f in d["files"]]
-            fields = {f.name for f in dataclasses.fields(cls)}
-            kwargs = {k: v for k, v in d.items() if k in fields and k != "files"}
             return cls(files=files, **kwargs)
-        except (KeyError, TypeError) as e:
-            raise DataError(f"not a valid ctrtrain manifest ({e})", path=where) from e
+        except TypeError as e:
+            raise bad(None, str(e)) from e
 
     def write(self, directory: str | os.PathLike) -> Path:
         """Written last and atomically: a directory with a manifest is complete."""
@@ -65,7 +104,11 @@ class Manifest:
         return path
 
 
-def read_manifest(directory: str | os.PathLike) -> Manifest:
+def read_manifest(directory: str | os.PathLike, check: bool = True) -> Manifest:
+    """The manifest of a data directory. With `check` (every reader), each listed file must
+    exist with the manifest's size, and its record count must be possible for that size: a
+    file cut short -- even at a record boundary -- or a count that is not true would
+    otherwise train on less data, or more passes, than the manifest promises."""
     path = Path(directory) / MANIFEST_NAME
     if not Path(directory).is_dir():
         raise DataError("data directory does not exist", path=str(directory))
@@ -74,9 +117,61 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
                         "(convert the data first with `ctrtrain data convert`)", path=str(directory))
     try:
         d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise DataError(f"manifest is not valid JSON: {e}", path=str(path)) from e
-    return Manifest.from_json(d, where=str(path))
+    m = Manifest.from_json(d, where=str(path))
+    if check:
+        check_files(m, directory)
+    return m
+
+
+def check_files(m: Manifest, directory: str | os.PathLike) -> None:
+    """Cheap checks of the files against the manifest (stat, and for text a line count):
+    `ctrtrain data validate` does the full ones (checksums, every record)."""
+    for entry, p in zip(m.files, m.paths(directory)):
+        if not os.path.isfile(p):
+            raise DataError("listed in the manifest but missing", path=p)
+        size = os.path.getsize(p)
+        if size != entry.bytes:
+            raise DataError(f"{size} bytes, the manifest says {entry.bytes}: the file was cut or "
+                            "changed (run `ctrtrain data validate`)", path=p)
+        if m.format == "libsvm":
+            from .files import count_lines
+            n = count_lines(p)
+            if n != entry.records:
+                raise DataError(f"{n} lines, the manifest says {entry.records} records", path=p)
+        elif m.compression is None:
+            lo, hi = record_size_bounds(m.field_size, m.feature_size)
+            if not entry.records * lo <= size <= entry.records * hi:
+                raise DataError(f"{size} bytes cannot hold the {entry.records} records the "
+                                f"manifest says ({lo} to {hi} bytes each)", path=p)
+
+
+def record_size_bounds(field_size: int, feature_size: int) -> tuple[int, int]:
+    """Smallest and largest framed TFRecord of one example (label, ids, values): ids are
+    varints, 1 byte for 0 up to the width of the largest id."""
+    import numpy as np
+
+    from .libsvm import Rows
+    from .tfrecord import encode_examples
+    sizes = []
+    for top in (0, feature_size - 1):
+        r = Rows(np.zeros(1, np.float32), np.full((1, field_size), top, np.int64),
+                 np.zeros((1, field_size), np.float32))
+        sizes.append(len(encode_examples(r)[0]) + 16)   # + length, its CRC and the data CRC
+    return sizes[0], sizes[1]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(v) -> str:
+    """A bounded repr for messages: never expands a huge value (a YAML alias bomb)."""
+    import reprlib
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlist, r.maxdict = 2, 60, 60, 4, 4
+    return r.repr(v)
 
 
 def sha256_file(path: str | os.PathLike, block: int = 1 << 22) -> str:

@@ -39,20 +39,49 @@ class RawChunk:
     categorical: np.ndarray       # object [n, n_categorical] of str, '' = missing
 
 
-def infer_csv_schema(header: list[str], label: str | None = None) -> RawSchema:
-    """CSV header: label `label` or `click`; I<n> columns numeric; `id` and `hour` aside from
-    Avazu's time stamp ignored as ids; everything else categorical."""
-    if label is None:
-        label = next((c for c in ("label", "click") if c in header), None)
+LABEL_NAMES = ("label", "click")
+
+
+def infer_csv_schema(header: list[str], label: str | None = None, has_label: bool = True,
+                     path: str = "<csv>") -> RawSchema:
+    """CSV header: the label column is `label_column` if given, else `label` or `click` in any
+    case; I<n> columns numeric; `id` ignored; everything else categorical. Labeled data
+    without a label column is refused: guessing would train on all-zero labels and feed the
+    real label in as a feature."""
+    if not has_label:
+        label = None
+    elif label is not None:
+        if label not in header:
+            raise DataError(f"label column {label!r} is not in the header {_cols(header)}",
+                            path=path, line=1)
+    else:
+        label = next((c for c in header if c.lower() in LABEL_NAMES), None)
+        if label is None:
+            raise DataError(f"no label column ({' or '.join(LABEL_NAMES)}) in the header "
+                            f"{_cols(header)}: name it with --label-column, or pass --no-label "
+                            "for unlabeled rows", path=path, line=1)
     numeric = [c for c in header if c[:1] == "I" and c[1:].isdigit()]
     categorical = [c for c in header if c not in numeric and c not in (label, "id")]
     return RawSchema(label, numeric, categorical)
 
 
+def _cols(header: list[str]) -> str:
+    return str(header[:12])[:-1] + (", ...]" if len(header) > 12 else "]")
+
+
 def read_raw(path: str, fmt: str, schema: RawSchema | None = None, chunk_rows: int = 200_000,
-             has_label: bool = True):
+             has_label: bool = True, label_column: str | None = None):
     """Yields (schema, RawChunk) for a raw file. Criteo TSV rows may have fewer columns than 40
     (trailing empty fields stripped): the missing ones are missing values, not an error."""
+    try:
+        yield from _read_raw(path, fmt, schema, chunk_rows, has_label, label_column)
+    except pd.errors.EmptyDataError:
+        raise DataError("file is empty (no header, no rows)", path=path) from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=path) from None
+
+
+def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column):
     if fmt == "criteo":
         schema = schema or CRITEO
         names = ([schema.label] if has_label else []) + schema.fields
@@ -62,7 +91,18 @@ def read_raw(path: str, fmt: str, schema: RawSchema | None = None, chunk_rows: i
         header_lines = 0
     elif fmt == "csv":
         header = pd.read_csv(path, nrows=0).columns.tolist()
-        schema = schema or infer_csv_schema(header)
+        if len(header) == 1 and "\t" in header[0]:
+            raise DataError("the header is TAB-separated, not a CSV: use --format criteo for "
+                            "Criteo's TSV", path=path, line=1)
+        if len(header) < 2:
+            raise DataError(f"a CSV needs a header with the label and feature columns, found "
+                            f"{_cols(header)}", path=path, line=1)
+        if schema is None:
+            schema = infer_csv_schema(header, label_column, has_label, path)
+        elif has_label and (label_column or not schema.label):
+            # A vocabulary's schema (built from unlabeled rows, or another label name).
+            found = infer_csv_schema(header, label_column, True, path).label
+            schema = dataclasses.replace(schema, label=found)
         missing = [c for c in ([schema.label] if has_label and schema.label else []) + schema.fields
                    if c not in header]
         if missing:

@@ -88,10 +88,16 @@ def _file_shards_even(files: int | list[int], parts: int) -> bool:
 
 
 def plan_from_env(channel: str = "training", environ=os.environ) -> ReadPlan:
-    """plan_reads for this process, from the SageMaker environment (SM_*) and its local rank."""
-    hosts = json.loads(environ.get("SM_CURRENT_INSTANCE_GROUP_HOSTS") or
-                       environ.get("SM_HOSTS") or '["localhost"]')
-    me = environ.get("SM_CURRENT_HOST", hosts[0])
+    """plan_reads for this process, from its environment: the reader hosts and this host as
+    ctrtrain's launcher and `ctrtrain run` give them (CTRTRAIN_READER_HOSTS, CTRTRAIN_HOST),
+    else SageMaker's (SM_*), and its local rank."""
+    if environ.get("CTRTRAIN_READER_HOSTS"):
+        hosts = json.loads(environ["CTRTRAIN_READER_HOSTS"])
+        me = environ["CTRTRAIN_HOST"]
+    else:
+        hosts = json.loads(environ.get("SM_CURRENT_INSTANCE_GROUP_HOSTS") or
+                           environ.get("SM_HOSTS") or '["localhost"]')
+        me = environ.get("SM_CURRENT_HOST", hosts[0])
     channels = json.loads(environ.get("SM_CHANNELS", "[]"))
     per_worker = f"{channel}_0" in channels
     first = f"{channel}_0" if per_worker else channel

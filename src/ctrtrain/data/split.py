@@ -25,7 +25,7 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
     if by not in ("hash", "order"):
         raise DataError(f"split by must be 'hash' or 'order', not {by!r}", field="by")
     files = list_inputs(inputs)
-    out = prepare_output_dir(out_dir, overwrite)
+    out = prepare_output_dir(out_dir, overwrite, inputs)
     suffix = Path(files[0]).suffix or ".txt"
     paths = [out / f"{name}{suffix}" for name in SPLIT_NAMES]
     handles = [open(str(p) + ".tmp", "wb") for p in paths]

@@ -179,6 +179,13 @@ class _HashingFile:
         self.f.flush()
 
 
+def is_tfrecord(path: str) -> bool:
+    """Whether a file starts with a TFRecord frame (its length's masked CRC checks out)."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+    return len(head) == 12 and _masked_crc(head[:8]) == int.from_bytes(head[8:], "little")
+
+
 def feature_spec(field_size: int):
     """The parse spec of DESIGN.md 3.1; the one place it is written down."""
     import tensorflow as tf

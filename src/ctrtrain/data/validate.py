@@ -17,7 +17,7 @@ from .manifest import read_manifest, sha256_file
 def validate(data_dir, *, max_bad_rows: int = 0, check_rows: bool = True) -> dict:
     """Returns a report {"records", "problems": [...], "bad_rows": [...]}; raises DataError when
     anything is wrong beyond `max_bad_rows` bad rows (which are reported, never ignored)."""
-    m = read_manifest(data_dir)
+    m = read_manifest(data_dir, check=False)   # every problem is reported below
     problems, bad_rows, records = [], [], 0
     for path, entry in zip(m.paths(data_dir), m.files):
         if not os.path.exists(path):
@@ -55,32 +55,65 @@ def validate(data_dir, *, max_bad_rows: int = 0, check_rows: bool = True) -> dic
 
 def _check_rows(path: str, m):
     """(good record count, [bad row descriptions]) of one file."""
-    if m.format == "libsvm":
-        bad, n = [], 0
+    n, bad = 0, []
+    for count, errors in _file_rows(path, fmt=m.format, field_size=m.field_size,
+                                    feature_size=m.feature_size, compression=m.compression,
+                                    label_format=m.label_format):
+        n += count
+        bad += errors
+    return n, bad
+
+
+def _file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
+               compression: str | None, label_format: str):
+    """Yields (good rows, [DataError per bad row]) block by block. A file that cannot be read
+    on (a corrupt or cut TFRecord) raises a DataError naming the record."""
+    if fmt == "libsvm":
         seg = Segment(path, 0, count_lines(path), 0)
         for first, text in read_line_blocks(seg, 50_000):
-            rows, b = parse_libsvm(text, m.field_size, path=path, first_line=first + 1,
-                                   label_format=m.label_format, feature_size=m.feature_size)
-            n += len(rows)
-            bad += [x.as_error() for x in b]
-        return n, bad
+            rows, b = parse_libsvm(text, field_size, path=path, first_line=first + 1,
+                                   label_format=label_format, feature_size=feature_size)
+            yield len(rows), [x.as_error() for x in b]
+        return
     from .tfrecord import read_rows
-    bad, n = [], 0
-    for rows in read_rows(path, m.field_size, m.compression):
-        ok = ((rows.ids >= 0) & (rows.ids < m.feature_size)).all(1) & np.isin(rows.labels, (0, 1)) \
-            & np.isfinite(rows.values).all(1)
+    n = 0
+    top = feature_size if feature_size is not None else np.iinfo(np.int64).max
+    for rows in read_rows(path, field_size, compression):
+        id_ok = ((rows.ids >= 0) & (rows.ids < top)).all(1)
+        label_ok = np.isin(rows.labels, (0, 1))
+        ok = id_ok & label_ok & np.isfinite(rows.values).all(1)
+        bad = []
         for i in np.flatnonzero(~ok):
-            r = n + int(i)
-            what = ("id outside [0, feature_size)" if not ((rows.ids[i] >= 0) &
-                    (rows.ids[i] < m.feature_size)).all()
-                    else "label not 0/1" if rows.labels[i] not in (0, 1) else "value not finite")
-            bad.append(DataError(what, path=path, record=r))
+            if not id_ok[i]:
+                j = int(np.flatnonzero((rows.ids[i] < 0) | (rows.ids[i] >= top))[0])
+                what = f"id {int(rows.ids[i, j])} (field {j}) is outside [0, {feature_size})"
+            elif not label_ok[i]:
+                what = f"label {rows.labels[i]:g} is not 0 or 1"
+            else:
+                what = "a value is not finite"
+            bad.append(DataError(what, path=path, record=n + int(i)))
+        yield len(rows) - len(bad), bad
         n += len(rows)
-    return n - len(bad), bad
+
+
+def first_bad_record(paths: list[str], *, fmt: str, field_size: int, feature_size: int | None,
+                     compression: str | None = None, label_format: str = "01") -> DataError | None:
+    """The first record of these files that training or prediction cannot use (as a
+    DataError naming file and record or line), or None."""
+    for path in paths:
+        try:
+            for _, bad in _file_rows(path, fmt=fmt, field_size=field_size,
+                                     feature_size=feature_size, compression=compression,
+                                     label_format=label_format):
+                if bad:
+                    return bad[0]
+        except DataError as e:
+            return e
+    return None
 
 
 def describe(data_dir) -> str:
-    m = read_manifest(data_dir)
+    m = read_manifest(data_dir, check=False)
     lines = [f"{Path(data_dir)}: {m.format}" + (f" ({m.compression})" if m.compression else ""),
              f"  records {m.records:,}  positives {m.positives:,} "
              f"({m.positives / max(m.records, 1):.1%})",

@@ -35,6 +35,8 @@ class PipelineConfig:
     label_format: str = "01"          # libsvm text only
     parse: str = "vectorized"         # or "scalar": parse each record, then batch (the
                                       # common tutorial order; kept to measure the difference)
+    feature_size: int | None = None   # when given, every batch is checked: labels 0/1 (or
+                                      # -1/1), ids in [0, feature_size), finite values
 
 
 def parse_tfrecord_batch(serialized, field_size: int):
@@ -53,10 +55,42 @@ def parse_libsvm_batch(lines, field_size: int, label_format: str = "01"):
     pairs = tf.strings.split(dense[:, 1:], ":").to_tensor(shape=[None, field_size, 2])
     label = tf.strings.to_number(dense[:, 0], tf.float32)
     if label_format == "pm1":
-        label = tf.cast(label > 0, tf.float32)
+        # -1/1 -> 0/1; anything else stays out of {0, 1} and fails check_batch.
+        label = tf.where(tf.abs(label) == 1, tf.cast(label > 0, tf.float32), label + 0.5)
     return {"label": label,
             "ids": tf.strings.to_number(pairs[..., 0], tf.int64),
             "values": tf.strings.to_number(pairs[..., 1], tf.float32)}
+
+
+BAD_BATCH = "ctrtrain: a batch holds a record that is not valid"
+
+
+def check_batch(b, feature_size: int):
+    """Fails the batch (InvalidArgumentError carrying BAD_BATCH) if a label is not 0/1, an id
+    is outside the table or a value is not finite: such a record would train a wrong model or
+    crash the lookup with no place named. The reader then finds the record (explain_error).
+    A handful of element-wise ops per batch, small beside a training step."""
+    ok = tf.reduce_all((b["label"] == 0.0) | (b["label"] == 1.0)) \
+        & tf.reduce_all((b["ids"] >= 0) & (b["ids"] < feature_size)) \
+        & tf.reduce_all(tf.math.is_finite(b["values"]))
+    with tf.control_dependencies([tf.debugging.Assert(ok, [BAD_BATCH])]):
+        return {k: tf.identity(v) for k, v in b.items()}
+
+
+def explain_error(e: Exception, paths: list[str], *, fmt: str, field_size: int,
+                  feature_size: int | None, compression: str | None = None,
+                  label_format: str = "01", what: str = "data"):
+    """A DataError naming the file and record (or line) behind a read error of TensorFlow's
+    (a corrupt or cut TFRecord, a record outside the schema, a bad label or id), found by
+    scanning the files; if none is found, the error as TensorFlow said it."""
+    from ..data.validate import first_bad_record
+    from ..errors import DataError
+    found = first_bad_record(paths, fmt=fmt, field_size=field_size, feature_size=feature_size,
+                             compression=compression, label_format=label_format)
+    if found is not None:
+        return found
+    msg = getattr(e, "message", str(e)).strip().splitlines()[0] if str(e).strip() else repr(e)
+    return DataError(f"reading the {what} failed: {msg}", path=", ".join(paths[:3]))
 
 
 def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
@@ -125,6 +159,8 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
         ds = ds.skip(skip_batches)
     if cfg.parse == "vectorized":
         ds = ds.map(parse, num_parallel_calls=AUTOTUNE)
+    if cfg.feature_size:
+        ds = ds.map(lambda b: check_batch(b, cfg.feature_size), num_parallel_calls=AUTOTUNE)
     return ds.prefetch(AUTOTUNE)
 
 

@@ -80,6 +80,35 @@ def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:
 CHECK_READERS_S = 1.0
 
 
+def _looks_like_text(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    if b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start > len(head) - 4   # a character cut by the 8 KB boundary
+    return True
+
+
+def check_pipe_files(ch: Channel, files: list[str]) -> None:
+    """A Pipe stream is its files back to back, byte for byte, as SageMaker streams S3
+    objects. A text file without a final newline would join its last line to the next
+    file's first: refused before the job starts, naming the file. Binary files (TFRecord's
+    framed records, anything with a NUL byte or not UTF-8 at its start) need no separator."""
+    from ..data.tfrecord import is_tfrecord
+    for f in files:
+        size = os.path.getsize(f)
+        if size == 0 or is_tfrecord(f) or not _looks_like_text(f):
+            continue
+        with open(f, "rb") as fh:
+            fh.seek(size - 1)
+            if fh.read(1) != b"\n":
+                raise ConfigError(f"Pipe channel {ch.name}: {f} does not end with a newline; the "
+                                  "stream would join its last line to the next file's first")
+
+
 class PipeFeeder(threading.Thread):
     """Feeds <dir>/<channel>_<epoch> FIFOs, one epoch after another. The FIFO is opened for
     writing only when a reader has opened it (polled, so teardown never blocks here). If more

@@ -5,6 +5,7 @@ loopback ports; the chief's model/ is collected into <run dir>/model (and model.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -14,11 +15,12 @@ import tarfile
 import time
 from pathlib import Path
 
+from .. import heartbeat
 from ..cluster.plan import plan_cluster
 from ..cluster.process_env import process_command, process_env
 from ..cluster.sagemaker import container_env, user_args, write_config_files
 from ..errors import CtrError
-from .channels import PipeFeeder, assign, materialize_file_channel
+from .channels import PipeFeeder, assign, check_pipe_files, materialize_file_channel
 from .spec import JobSpec
 from .supervisor import Supervisor
 
@@ -28,19 +30,63 @@ class JobFailed(CtrError):
 
 
 class PortAllocator:
-    """Free loopback ports, never the same twice in one job."""
+    """Free loopback ports, never the same twice in one job; gives up after `tries` (a
+    machine whose ephemeral ports are used up would otherwise loop forever)."""
 
-    def __init__(self):
+    def __init__(self, tries: int = 1000):
         self.used: set[int] = set()
+        self.tries = tries
 
     def get(self) -> int:
-        while True:
+        for _ in range(self.tries):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             if port not in self.used:
                 self.used.add(port)
                 return port
+        raise JobFailed(f"no free loopback port after {self.tries} tries "
+                        f"({len(self.used)} taken by this job)")
+
+
+RUN_MARKER = "ctrtrain-run.json"
+
+
+def claim_run_dir(run_dir: Path, spec: JobSpec):
+    """The run directory must be new, empty, or this job's own earlier run (to resume), and
+    no other launch may use it at the same time: returns the open lock file, held until the
+    launcher exits. A symlink, a directory of other files, another job's run: refused, and
+    nothing in them is touched."""
+    if run_dir.is_symlink():
+        raise JobFailed(f"output directory {run_dir} is a symbolic link; give a real directory")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise JobFailed(f"output directory {run_dir} exists and is not a directory")
+    marker = run_dir / RUN_MARKER
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not marker.exists():
+            raise JobFailed(f"output directory {run_dir} is not empty and is not a ctrtrain run "
+                            f"(no {RUN_MARKER}); a launch needs a new or empty directory, or "
+                            "its own earlier run to resume")
+        try:
+            owner = json.loads(marker.read_text()).get("job")
+        except (ValueError, AttributeError):
+            owner = None
+        if owner != spec.name:
+            raise JobFailed(f"output directory {run_dir} holds the run of job {owner!r}, not "
+                            f"{spec.name!r}; choose another output_dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(run_dir / ".lock", "a")
+    except OSError as e:
+        raise JobFailed(f"cannot create the output directory {run_dir}: {e.strerror}") from e
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise JobFailed(f"another launch is running in {run_dir} (its lock is held); wait for it "
+                        "or choose another output_dir") from None
+    marker.write_text(json.dumps({"job": spec.name, "spec": spec.spec_path}) + "\n")
+    return lock
 
 
 def host_base(run_dir: Path, host: str) -> Path:
@@ -69,10 +115,14 @@ def check_runtime(spec: JobSpec) -> None:
 def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dict:
     check_runtime(spec)
     run_dir = Path(spec.output_dir)
+    lock = claim_run_dir(run_dir, spec)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise JobFailed(f"cannot create the output directory {run_dir}: {e.strerror}") from e
+        return _launch(spec, run_dir, console, cores)
+    finally:
+        lock.close()
+
+
+def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None) -> dict:
     if not os.access(run_dir, os.W_OK):
         raise JobFailed(f"output directory {run_dir} is not writable")
     free_mb = shutil.disk_usage(run_dir).free / 2**20
@@ -97,6 +147,12 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
                      watchdog=spec.watchdog)
     if sup.pid_file.exists():
         sup.pid_file.unlink()
+    # PIDs in logs/pids are this namespace's when the job has its own (isolation.host_pid).
+    pidns = sup.log_dir / "pidns"
+    if os.getpid() == 1:
+        pidns.write_text(os.readlink("/proc/self/ns/pid") + "\n")
+    elif pidns.exists():
+        pidns.unlink()
     feeders = []
     for host in hosts:
         base = host_base(run_dir, host)
@@ -114,6 +170,7 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
             if ch.input_mode == "File":
                 materialize_file_channel(ch, files, base / "input" / "data" / ch.name)
             elif host in training_hosts:
+                check_pipe_files(ch, files)
                 feeders.append(PipeFeeder(base / "input" / "data", ch.name, files,
                                           spec.pipe_epochs, sup.pids, sup.report_error))
     started = time.time()
@@ -127,6 +184,8 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dic
         cmd = process_command(p, spec.entry_point.kind, spec.entry_point.target,
                               spec.entry_point.args, user_args(spec.hyperparameters))
         if spec.topology.mode == "horovod" and not p.is_server:
+            # Every rank's training heartbeat counts as horovodrun's progress.
+            env[heartbeat.ENV] = str(sup.log_dir / "horovodrun.heartbeat")
             ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": str(base)})
         else:
             # A parameter-server worker may die: the coordinator reschedules its steps.

@@ -1,7 +1,10 @@
 """Starts a job's processes, prefixes and files their logs, and tears the whole group down:
-on the first failure (with its log tail), when the time limit passes, when nothing has
-printed for the watchdog's time, on Ctrl-C, and -- for servers that never exit on their own --
-when every finishing process has finished. Some processes may die without failing the job
+on the first failure (with its log tail), when the time limit passes, when no training
+process has made progress for the watchdog's time (progress: a line of output, or a touch of
+its heartbeat file -- ctrtrain's trainer touches it every step and evaluation batch), when a
+process stays stopped (SIGSTOP: it can neither fail nor finish, and its peers wait on it), on
+Ctrl-C, and -- for servers that never exit on their own -- when every finishing process has
+finished. Some processes may die without failing the job
 (`tolerated`: parameter-server workers, whose steps the coordinator reschedules): their deaths
 are reported and recorded, and the job fails only when all of them are gone. No process outlives the supervisor: each child is
 in its own process group (killed as a group) and dies with its parent (PR_SET_PDEATHSIG)."""
@@ -18,7 +21,10 @@ import threading
 import time
 from pathlib import Path
 
+from .. import heartbeat
+
 PR_SET_PDEATHSIG = 1
+STOPPED_LIMIT_S = 10.0   # a process stopped this long fails the job
 
 
 def _die_with_parent():
@@ -35,9 +41,16 @@ class Managed:
     server: bool
     log_path: Path
     tail: collections.deque
-    last_output: float
+    last_output: float                 # wall-clock time of its last line
+    heartbeat: Path | None = None
+    stopped_since: float | None = None
     returncode: int | None = None
     tolerated: bool = False
+
+    def last_progress(self) -> float:
+        """Wall-clock time of its last output or heartbeat."""
+        age = heartbeat.age(str(self.heartbeat)) if self.heartbeat else None
+        return max(self.last_output, time.time() - age) if age is not None else self.last_output
 
 
 @dataclasses.dataclass
@@ -52,10 +65,12 @@ class JobOutcome:
 
 class Supervisor:
     def __init__(self, log_dir: Path, console=True, time_limit: float | None = None,
-                 watchdog: float | None = None, grace: float = 5.0, tail_lines: int = 30):
+                 watchdog: float | None = None, grace: float = 5.0, tail_lines: int = 30,
+                 stopped_limit: float = STOPPED_LIMIT_S):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.console, self.time_limit, self.watchdog = console, time_limit, watchdog
+        self.stopped_limit = stopped_limit
         self.grace, self.tail_lines = grace, tail_lines
         self.procs: list[Managed] = []
         self._lock = threading.Lock()
@@ -66,11 +81,13 @@ class Supervisor:
     def start(self, label: str, cmd: list[str], env: dict, cwd: str | None = None,
               server: bool = False, tolerated: bool = False) -> Managed:
         log_path = self.log_dir / (label.replace("/", "-") + ".log")
+        beat = self.log_dir / (label.replace("/", "-") + ".heartbeat")
+        env = {**env, heartbeat.ENV: env.get(heartbeat.ENV, str(beat))}
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_die_with_parent)
         m = Managed(label, proc, server, log_path, collections.deque(maxlen=self.tail_lines),
-                    time.monotonic(), tolerated=tolerated)
+                    time.time(), heartbeat=Path(env[heartbeat.ENV]), tolerated=tolerated)
         self.procs.append(m)
         with open(self.pid_file, "a") as f:
             f.write(f"{proc.pid} {label}\n")
@@ -105,7 +122,7 @@ class Supervisor:
                 log.flush()
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
                 m.tail.append(line)
-                m.last_output = time.monotonic()
+                m.last_output = time.time()
                 if self.console:
                     with self._lock:
                         print(f"[{m.label}] {line}", flush=True)
@@ -142,17 +159,36 @@ class Supervisor:
                 now = time.monotonic()
                 if self.time_limit and now - start > self.time_limit:
                     return self._fail(f"time limit of {self.time_limit:g} s reached", None)
+                stopped = self._stopped(now)
+                if stopped is not None:
+                    return self._fail(f"{stopped.label} has been stopped (SIGSTOP or a debugger) "
+                                      f"for {self.stopped_limit:g} s: the job cannot progress "
+                                      "without it, torn down", stopped)
                 if self.watchdog:
                     quiet = [m for m in workers if m.returncode is None]
-                    if quiet and all(now - m.last_output > self.watchdog for m in quiet):
+                    wall = time.time()
+                    if quiet and all(wall - m.last_progress() > self.watchdog for m in quiet):
                         states = ", ".join(f"{m.label} [{_state(m.proc.pid)}]" for m in quiet)
                         return self._fail(
-                            f"no progress for {self.watchdog:g} s (no output from {states}): "
-                            "stuck, torn down", quiet[0], stuck=quiet)
+                            f"no progress for {self.watchdog:g} s (no output or training "
+                            f"heartbeat from {states}): stuck, torn down", quiet[0], stuck=quiet)
                 time.sleep(0.1)
         except KeyboardInterrupt:
             self._teardown()
             raise
+
+    def _stopped(self, now: float) -> Managed | None:
+        """The first live process stopped for longer than stopped_limit, if any."""
+        for m in self.procs:
+            if m.returncode is not None:
+                continue
+            if _state(m.proc.pid) == "stopped":
+                m.stopped_since = m.stopped_since or now
+                if now - m.stopped_since >= self.stopped_limit:
+                    return m
+            else:
+                m.stopped_since = None
+        return None
 
     def _note_tolerated(self, start: float) -> None:
         for m in self.procs:
@@ -180,6 +216,7 @@ class Supervisor:
         live = [m for m in self.procs if m.proc.poll() is None]
         for m in live:
             _signal_group(m.proc, signal.SIGTERM)
+            _signal_group(m.proc, signal.SIGCONT)   # a stopped process must run to see SIGTERM
         deadline = time.monotonic() + self.grace
         for m in live:
             try:

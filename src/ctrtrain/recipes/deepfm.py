@@ -50,6 +50,8 @@ def parse_hyperparameters(argv):
 
 
 def main(argv=None) -> int:
+    from .. import heartbeat
+    heartbeat.beat(force=True)   # alive before TensorFlow's start-up (seconds of silence)
     env = os.environ
     hp = parse_hyperparameters(argv if argv is not None else sys.argv[1:])
     from ..data.sharding import plan_from_env
@@ -90,7 +92,7 @@ def main(argv=None) -> int:
         r = train(cfg)
     except CtrError as e:    # the user's to fix: the message names the place, no traceback
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
     finally:
         print_usage()
     if not r.get("chief", True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from .. import heartbeat
 from ..metrics import logloss, roc_auc
 
 
@@ -16,6 +17,7 @@ def predict_probs(predict_fn, dataset, max_batches: int | None = None):
             break
         probs.append(predict_fn(b["ids"], b["values"]).numpy())
         labels.append(b["label"].numpy())
+        heartbeat.beat()
     if not labels:
         return np.zeros(0, np.float32), np.zeros(0, np.float32)
     return np.concatenate(labels), np.concatenate(probs)

@@ -50,7 +50,7 @@ def latest_export(path) -> str:
     p = Path(path)
     if (p / "saved_model.pb").exists():
         return str(p)
-    versions = sorted((int(d.name), d) for d in p.glob("[0-9]*") if (d / "saved_model.pb").exists()) \
+    versions = sorted((int(d.name), d) for d in p.glob("[0-9]*") if d.name.isdigit() and (d / "saved_model.pb").exists()) \
         if p.is_dir() else []
     if not versions:
         from ..errors import DataError

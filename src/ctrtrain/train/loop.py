@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .. import heartbeat
 from ..errors import ConfigError, DataError
 from ..progress import bar
 from .threads import ThreadConfig, apply_threads, data_options
@@ -72,15 +74,39 @@ class TrainConfig:
     read_plan: object = None          # data.sharding.ReadPlan; None = read everything
     seed: int = 0
     export: bool = True
-    progress: bool = True
+    progress: bool = True             # a progress bar on a terminal
+    quiet: bool = False               # no console line per log window, evaluation, checkpoint
+    fresh: bool = False               # delete the model directory's run and start over
 
-    # Fields that must match for a checkpoint to be resumed.
+    # Fields that must match for a checkpoint to be resumed: the variables' shapes, and where
+    # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
     SHAPE_FIELDS = ("embedding_size", "deep_layers", "batch_norm", "optimizer")
+    POSITION_FIELDS = ("batch_size", "seed", "shuffle_buffer", "cache", "mode", "train_data")
 
 
 def _check_config(cfg: TrainConfig):
-    if cfg.batch_size <= 0:
-        raise ConfigError("batch_size must be positive")
+    """Every setting in range before anything starts (the recipe and the API bypass the
+    CLI's argument checks; a zero-width layer, say, aborts inside oneDNN)."""
+    def positive(name, integer=True, zero=False):
+        v = getattr(cfg, name)
+        ok = (isinstance(v, int) and not isinstance(v, bool)) if integer else \
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or v < 0 or (v == 0 and not zero):
+            raise ConfigError(f"{name} must be a {'non-negative' if zero else 'positive'} "
+                              f"{'integer' if integer else 'number'}, got {str(v)[:40]}")
+    for name in ("batch_size", "embedding_size", "log_every", "keep_checkpoints"):
+        positive(name)
+    for name in ("eval_every", "checkpoint_every", "early_stopping", "shuffle_buffer", "seed"):
+        positive(name, zero=True)
+    positive("epochs", integer=False)
+    positive("learning_rate", integer=False)
+    positive("l2_reg", integer=False, zero=True)
+    positive("checkpoint_secs", integer=False, zero=True)
+    layers = tuple(cfg.deep_layers)
+    if not layers or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in layers):
+        raise ConfigError(f"deep_layers must be one or more positive layer widths, got {list(layers)[:8]}")
+    if cfg.feature_size is not None:
+        positive("feature_size")
     if not 0 <= cfg.dropout < 1:
         raise ConfigError(f"dropout is a drop rate in [0, 1), got {cfg.dropout}")
     if cfg.steps is not None and cfg.steps <= 0:
@@ -103,13 +129,28 @@ def _check_config(cfg: TrainConfig):
                               "pipe_epochs); use a File channel to cache the data in memory")
 
 
+RUN_FILES = ("checkpoints", "logs", "export", METRICS, RESULT, CONFIG, "predictions.csv")
+
+
 def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
-                       write: bool = True) -> Path:
-    """Checks that the directory can be written and that a model already in it has the same
-    shapes. Non-chief processes only read it (they restore the chief's checkpoints)."""
+                       write: bool = True, train_data: str | None = None) -> Path:
+    """Checks that the directory can be written and that a run already in it can be resumed:
+    the same shapes, and the same data position settings (batch size, seed, shuffle, mode,
+    training data), without which a resumed run would skip to the wrong batches. --fresh
+    removes the earlier run's files first (only those: the directory may hold others).
+    Non-chief processes only read it (they restore the chief's checkpoints)."""
     md = Path(cfg.model_dir)
     if not write:
         return md
+    if md.exists() and not md.is_dir():
+        raise ConfigError(f"model directory {md} exists and is not a directory")
+    if cfg.fresh and md.is_dir():
+        for name in RUN_FILES:
+            target = md / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
     try:
         md.mkdir(parents=True, exist_ok=True)
         probe = md / ".write-test"
@@ -125,17 +166,44 @@ def _prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
         raise ConfigError(f"model directory {md} has {free / 2**20:,.0f} MB free; checkpoints of "
                           f"this model need about {need / 2**20:,.0f} MB")
     record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("threads", "read_plan")}
-    record.update(feature_size=feature_size, field_size=field_size)
+    record.update(feature_size=feature_size, field_size=field_size, train_data=train_data)
     record["deep_layers"] = list(cfg.deep_layers)
     prev = md / CONFIG
-    if prev.exists():
-        old = json.loads(prev.read_text())
-        for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size"):
+    if prev.exists() and has_checkpoint(md):
+        try:
+            old = json.loads(prev.read_text())
+            assert isinstance(old, dict)
+        except (ValueError, AssertionError):
+            raise ConfigError(f"{prev} is damaged, so the checkpoints beside it cannot be checked "
+                              "before resuming; --fresh starts over") from None
+        for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size") + TrainConfig.POSITION_FIELDS:
             if k in old and old[k] != record[k]:
-                raise ConfigError(f"{md} holds a model trained with {k}={old[k]!r}, not {record[k]!r}"
-                                  " (use another --model-dir to start afresh)")
+                what = "data position" if k in TrainConfig.POSITION_FIELDS else "model"
+                raise ConfigError(
+                    f"{md} holds checkpoints of a run with {k}={_brief(old[k])}, not "
+                    f"{_brief(record[k])}: resuming would continue at the wrong {what}. Use the "
+                    "same setting, another --model-dir, or --fresh to start over")
     prev.write_text(json.dumps(record, indent=2) + "\n")
     return md
+
+
+def _brief(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 24 else text[:20] + "..."
+
+
+def has_checkpoint(md: Path) -> bool:
+    return any((md / "checkpoints").glob("ckpt-*.index"))
+
+
+def data_fingerprint(m, directory) -> str | None:
+    """Identity of the training data a data position refers to: its files' names, record
+    counts and checksums (None for a Pipe stream, which has no files to name)."""
+    import hashlib
+    if not m.files:
+        return None
+    text = json.dumps(sorted((Path(f.path).name, f.records, f.sha256) for f in m.files))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -168,7 +236,24 @@ def check_data(cfg: TrainConfig):
                 raise DataError(f"field_size/feature_size ({o.field_size}/{o.feature_size}) do "
                                 f"not match the model's ({m.field_size}/{feature_size})",
                                 path=str(other))
+            check_checksums(o, other)
     return m, feature_size
+
+
+EVAL_CHECKSUM_BYTES = 512 << 20
+
+
+def check_checksums(m, directory) -> None:
+    """Evaluation splits are read only after training: a corrupted file found then would
+    waste the run. Up to 512 MB their checksums are checked now (a second or so per 500 MB);
+    larger splits are checked record by record when read."""
+    from ..data.manifest import sha256_file
+    if sum(f.bytes for f in m.files) > EVAL_CHECKSUM_BYTES:
+        return
+    for f, path in zip(m.files, m.paths(directory)):
+        if sha256_file(path) != f.sha256:
+            raise DataError("sha256 does not match the manifest: the file is corrupted or was "
+                            "changed (run `ctrtrain data validate`)", path=path)
 
 
 def model_config(cfg: TrainConfig, feature_size: int, field_size: int):
@@ -190,7 +275,8 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     seed = cfg.seed if cfg.data_service else seed
     pcfg = PipelineConfig(batch_size=batch_size, shuffle_buffer=cfg.shuffle_buffer,
                           cache=cfg.cache, seed=seed, parse=cfg.parse,
-                          label_format=m.label_format if m.format == "libsvm" else "01")
+                          label_format=m.label_format if m.format == "libsvm" else "01",
+                          feature_size=cfg.feature_size or m.feature_size)
     if cfg.input_mode == "Pipe":
         ds = make_pipe_dataset(cfg.train_dir, m.field_size, fmt=m.format, cfg=pcfg,
                                record_shard=plan.record_shard if plan else None,
@@ -242,14 +328,17 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
     if cfg.eval_every and rt.readers > 1:
         raise ConfigError(f"eval_every: in mode {cfg.mode} the chief evaluates at the end only "
                           "(evaluating mid-training would stall the other ranks)")
-    md = _prepare_model_dir(cfg, feature_size, m.field_size, write=rt.is_chief)
+    md = _prepare_model_dir(cfg, feature_size, m.field_size, write=rt.is_chief,
+                            train_data=data_fingerprint(m, cfg.train_dir))
     tf.random.set_seed(cfg.seed)
     lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
     with rt.scope():
         model, opt, train_step, variables = build_training(
             model_config(cfg, feature_size, m.field_size), cfg.optimizer, lr, rt)
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
-    log = _MetricsLog(md, cfg.progress, enabled=rt.is_chief)
+    heartbeat.beat(force=True)
+    log = _MetricsLog(md, not cfg.quiet, enabled=rt.is_chief)
+    announce_resume(log, md, start_step, total_steps)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=total_records, mode=cfg.mode,
               replicas=rt.replicas, readers=rt.readers, global_batch=global_batch, learning_rate=lr,
@@ -267,8 +356,9 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
 
     stats, stopped_early, step = _run_steps(
         cfg, log, iter(data), train_step, start_step, total_steps, global_batch, save,
-        lambda step: _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log),
-        after_first=lambda: rt.after_first_step(variables))
+        lambda step: _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log, feature_size),
+        after_first=lambda: rt.after_first_step(variables),
+        explain=lambda e: train_read_error(e, cfg, m, feature_size), is_chief=rt.is_chief)
     if not rt.is_chief:
         log.close()
         return {"step": step, "total_steps": total_steps, "chief": False}
@@ -280,6 +370,28 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
                     "global_batch": global_batch, **stats})
 
 
+def announce_resume(log, md: Path, start_step: int, total_steps) -> None:
+    """A re-run that resumes says so, loudly: it may train no step at all."""
+    if start_step and log.enabled:
+        left = "" if total_steps is None else (
+            f"; {max(0, total_steps - start_step)} of {total_steps} steps left"
+            + (" (nothing to train: evaluating and exporting again)" if start_step >= total_steps else ""))
+        print(f"resuming from the checkpoint at step {start_step} in {md}{left}. "
+              "--fresh starts over", flush=True)
+
+
+def train_read_error(e, cfg: TrainConfig, m, feature_size: int):
+    """The training data's read error as a DataError naming the file and record."""
+    from ..input.pipeline import explain_error
+    if cfg.input_mode == "Pipe" or not m.files:
+        from ..errors import DataError
+        return DataError(f"reading the stream failed: {str(e).strip().splitlines()[0]}",
+                         path=cfg.train_dir)
+    return explain_error(e, m.paths(cfg.train_dir), fmt=m.format, field_size=m.field_size,
+                         feature_size=feature_size, compression=m.compression,
+                         label_format=m.label_format, what="training data")
+
+
 def planned_steps(cfg: TrainConfig, records: int, global_batch: int, batch_desc: str) -> int:
     """Steps of the run: cfg.steps, else cfg.epochs over `records` in global batches."""
     steps_per_epoch = records // global_batch
@@ -289,15 +401,56 @@ def planned_steps(cfg: TrainConfig, records: int, global_batch: int, batch_desc:
 
 
 def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt):
-    """(CheckpointManager over md/checkpoints, step to start from): the latest checkpoint
-    restored if there is one (a re-run resumes), else step 0."""
+    """(CheckpointManager over md/checkpoints, step to start from): the newest checkpoint that
+    restores, else step 0 when there is none. A damaged state file (`checkpoint`) is set aside
+    and the checkpoints are found by name; a damaged newest checkpoint falls back to the one
+    before it, loudly. Checkpoints that exist but none of which restores are an error, never
+    a silent restart from step 0."""
     import tensorflow as tf
+    ckpt_dir = md / "checkpoints"
+    state = ckpt_dir / "checkpoint"
+    if state.exists():
+        try:
+            # TensorFlow logs a text proto that does not parse and returns None.
+            problem = None if tf.train.get_checkpoint_state(str(ckpt_dir)) else "does not parse"
+        except Exception as e:
+            problem = str(e).splitlines()[0][:80]
+        if problem:
+            aside = state.with_name(f"checkpoint.damaged-{int(time.time())}")
+            os.replace(state, aside)
+            print(f"warning: {state} is damaged ({problem}); set aside as {aside.name}, "
+                  "checkpoints found by name instead", flush=True)
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
-    manager = tf.train.CheckpointManager(ckpt, str(md / "checkpoints"),
-                                         max_to_keep=cfg.keep_checkpoints)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    return manager, int(opt.iterations.numpy())
+    manager = tf.train.CheckpointManager(ckpt, str(ckpt_dir), max_to_keep=cfg.keep_checkpoints)
+    candidates = sorted(((int(p.name[5:-6]), str(p)[:-6]) for p in ckpt_dir.glob("ckpt-*.index")
+                         if p.name[5:-6].isdigit()), reverse=True)
+    failures = []
+    for step, prefix in candidates:
+        try:
+            ckpt.restore(prefix).assert_existing_objects_matched()
+        except Exception as e:  # a cut or corrupted data file, a missing shard
+            failures.append(f"{Path(prefix).name}: {str(e).strip().splitlines()[0][:120]}")
+            continue
+        if failures:
+            print(f"warning: could not restore {'; '.join(failures)}; resumed from "
+                  f"{Path(prefix).name} instead", flush=True)
+            # The damaged ones are kept, renamed, out of every later restore's way.
+            for bad_step, bad_prefix in candidates:
+                if bad_step > step:
+                    for part in ckpt_dir.glob(f"{Path(bad_prefix).name}.*"):
+                        os.replace(part, part.with_name("damaged-" + part.name))
+        if manager.latest_checkpoint != prefix:
+            # Make the state file name the checkpoint in use, so later saves follow it.
+            kept = [p for s, p in sorted(candidates) if s <= step]
+            tf.compat.v1.train.update_checkpoint_state(str(ckpt_dir), prefix,
+                                                       all_model_checkpoint_paths=kept)
+            manager = tf.train.CheckpointManager(ckpt, str(ckpt_dir),
+                                                 max_to_keep=cfg.keep_checkpoints)
+        return manager, int(opt.iterations.numpy())
+    if failures:
+        raise DataError("no checkpoint restores (" + "; ".join(failures) + "); move the "
+                        "directory aside or train with --fresh", path=str(ckpt_dir))
+    return manager, 0
 
 
 def saved_at(manager, step: int) -> bool:
@@ -307,10 +460,15 @@ def saved_at(manager, step: int) -> bool:
 
 
 def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, save, evaluate,
-               after_first=lambda: None):
+               after_first=lambda: None, explain=lambda e: e, is_chief=True):
     """The step loop: input wait and compute timed apart, logging, checkpoints, evaluation and
     early stopping. total_steps None: until the data ends (a Pipe stream); otherwise data
-    that ends first is an error. Returns (stats, stopped_early, last step)."""
+    that ends first is an error. A read error becomes a DataError naming the record
+    (`explain`); a loss that is not finite stops the run before it is checkpointed; SIGTERM
+    or SIGINT stop it after a checkpoint. Returns (stats, stopped_early, last step)."""
+    import tensorflow as tf
+
+    from .stop import Interrupted, StopRequests
     best_auc, bad_evals, stopped_early = -1.0, 0, False
     windows = []
     window = {"wait": 0.0, "compute": 0.0, "steps": 0, "t": time.perf_counter(), "loss": 0.0}
@@ -334,12 +492,22 @@ def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, 
         window.update(wait=0.0, compute=0.0, steps=0, t=now, loss=0.0)
 
     with bar(total=total_steps, desc="train", unit="step",
-             disable=None if (cfg.progress and log.enabled) else True) as pb:
+             disable=None if (cfg.progress and log.enabled) else True) as pb, \
+            StopRequests() as stop:
         pb.update(start_step)
+        heartbeat.beat(force=True)
         while total_steps is None or step < total_steps:
+            if stop.signum is not None:
+                if window["steps"]:
+                    flush_window(step)
+                save(step)
+                log.event("stopped", step=step, signal=stop.signum)
+                raise Interrupted(stop.signum, step, saved=is_chief)
             t0 = time.perf_counter()
             try:
                 batch = next(it)
+            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+                raise explain(e) from None
             except StopIteration:
                 if window["steps"]:
                     flush_window(step)
@@ -349,16 +517,22 @@ def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, 
                                     "train fewer steps)", path=cfg.train_dir)
                 break
             t1 = time.perf_counter()
-            loss = train_step(batch)
+            loss = float(train_step(batch))
             t2 = time.perf_counter()
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(f"the training loss became {loss} at step {step + 1}: the "
+                                    "model diverged (learning rate too high?) or the data holds "
+                                    "extreme values; nothing of this step was checkpointed "
+                                    "(the last checkpoint is intact)", path=cfg.train_dir)
             if step == start_step:
                 after_first()
             step += 1
             pb.update(1)
+            heartbeat.beat()
             window["wait"] += t1 - t0
             window["compute"] += t2 - t1
             window["steps"] += 1
-            window["loss"] += float(loss)
+            window["loss"] += loss
             if step % cfg.log_every == 0 or step == total_steps:
                 flush_window(step)
             if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or \
@@ -384,13 +558,29 @@ def _run_steps(cfg, log, it, train_step, start_step, total_steps, global_batch, 
     return stats, stopped_early, step
 
 
-def _evaluate(cfg: TrainConfig, predict, split_dir, name, step, log):
+class NonFiniteLoss(DataError):
+    pass
+
+
+def _evaluate(cfg: TrainConfig, predict, split_dir, name, step, log, feature_size=None):
     if not split_dir:
         return None
-    from ..input.pipeline import PipelineConfig, dataset_from_dir
+    import tensorflow as tf
+
+    from ..input.pipeline import PipelineConfig, dataset_from_dir, explain_error
     from .evaluate import evaluate
-    eval_ds, _ = dataset_from_dir(split_dir, PipelineConfig(batch_size=8192), training=False)
-    r = evaluate(predict, eval_ds)
+    heartbeat.beat(force=True)
+    eval_ds, m = dataset_from_dir(split_dir, PipelineConfig(batch_size=8192,
+                                                            feature_size=feature_size),
+                                  training=False)
+    try:
+        r = evaluate(predict, eval_ds)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        raise explain_error(e, m.paths(split_dir), fmt=m.format, field_size=m.field_size,
+                            feature_size=feature_size or m.feature_size,
+                            compression=m.compression, label_format=m.label_format,
+                            what=f"{name} split") from None
+    heartbeat.beat(force=True)
     log.event("eval", step=step, split=name, **r)
     return r
 
@@ -399,8 +589,8 @@ def _finish(cfg: TrainConfig, model, m, feature_size, md: Path, predict, log, st
     """The chief's end of training: final evaluation, export, result.json."""
     from .export import export_saved_model
     result = {"step": step, **result}
-    result["valid"] = _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log)
-    result["test"] = _evaluate(cfg, predict, cfg.test_dir, "test", step, log)
+    result["valid"] = _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log, feature_size)
+    result["test"] = _evaluate(cfg, predict, cfg.test_dir, "test", step, log, feature_size)
     if cfg.export:
         vocab = str(Path(cfg.train_dir) / m.vocabulary) if m.vocabulary else None
         result["export"] = export_saved_model(

@@ -23,6 +23,9 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
         first = inputs[0]
         if os.path.isdir(first) and os.path.exists(os.path.join(first, MANIFEST_NAME)):
             input_format = "dir"
+        elif os.path.isdir(first):
+            raise DataError(f"a directory without {MANIFEST_NAME} (not a ctrtrain data "
+                            "directory): give its files, or convert it first", path=first)
         elif first.endswith((".tfrecord", ".tfrecord.gz")):
             input_format = "tfrecord"
         else:
@@ -30,23 +33,33 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
                 head = f.readline()
             input_format = "libsvm" if b":" in head and b"\t" not in head else "raw"
     if input_format in ("dir", "tfrecord", "libsvm"):
-        from ..input.pipeline import PipelineConfig, dataset_from_dir, make_dataset
-        pcfg = PipelineConfig(batch_size=batch)
+        import tensorflow as tf
+
+        from ..input.pipeline import PipelineConfig, dataset_from_dir, explain_error, make_dataset
+        # Checked batches: a label other than 0/1, an id outside the model's table or a
+        # value that is not finite is named (file, record), not predicted from.
+        pcfg = PipelineConfig(batch_size=batch, feature_size=info["feature_size"])
         if input_format == "dir":
             if len(inputs) != 1:
                 raise DataError("give one data directory, or files", path=", ".join(inputs))
             ds, m = dataset_from_dir(inputs[0], pcfg, training=False)
-            field_size = m.field_size
+            field_size, paths, comp, fmt, labels = (m.field_size, m.paths(inputs[0]),
+                                                    m.compression, m.format, m.label_format)
         else:
-            field_size = info["field_size"]
+            field_size, paths, fmt, labels = info["field_size"], inputs, input_format, "01"
             comp = "gzip" if inputs[0].endswith(".gz") else None
             ds = make_dataset(inputs, field_size, fmt=input_format, compression=comp, cfg=pcfg,
                               training=False)
         if field_size != info["field_size"]:
             raise DataError(f"input has field_size {field_size}, the model expects "
                             f"{info['field_size']}", path=inputs[0])
-        for b in ds:
-            yield b["label"].numpy(), b["ids"].numpy(), b["values"].numpy()
+        try:
+            for b in ds:
+                yield b["label"].numpy(), b["ids"].numpy(), b["values"].numpy()
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            raise explain_error(e, paths, fmt=fmt, field_size=field_size,
+                                feature_size=info["feature_size"], compression=comp,
+                                label_format=labels, what="input") from None
         return
     if input_format != "raw":
         raise DataError(f"unknown input format {input_format!r}")
@@ -77,6 +90,11 @@ def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: 
     for p in inputs:
         if not os.path.exists(p):
             raise DataError("no such file or directory", path=p)
+    from ..data.files import check_not_input
+    check_not_input(out_path, inputs, "--out")
+    check_not_input(str(out_path) + ".tmp", inputs, "--out")
+    if os.path.isdir(out_path):
+        raise DataError("--out is a directory; give a file name", path=str(out_path))
     tmp = str(out_path) + ".tmp"
     n = 0
     try:
@@ -89,13 +107,15 @@ def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: 
                               values=tf.constant(values, tf.float32))["prob"].numpy()
                 rows = np.arange(n, n + len(probs))
                 if out_format == "csv":
-                    cols = [rows.astype(str), np.char.mod("%.6f", probs)]
+                    # Full float32 precision (9 significant digits): rounding makes ties
+                    # that change the AUC on low-CTR data.
+                    cols = [rows.astype(str), np.char.mod("%.9g", probs)]
                     if has_label and labels is not None:
                         cols.append(labels.astype(np.int64).astype(str))
                     out.write("".join(",".join(r) + "\n" for r in zip(*cols)))
                 else:
                     for i, p in zip(rows.tolist(), probs.tolist()):
-                        rec = {"row": i, "prob": round(p, 6)}
+                        rec = {"row": i, "prob": p}
                         out.write(json.dumps(rec) + "\n")
                 n += len(probs)
                 pb.update(len(probs))

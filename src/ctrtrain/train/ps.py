@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import time
 
 import tensorflow as tf
 
 from ..errors import ConfigError
-from .loop import (_MetricsLog, _evaluate, _finish, _prepare_model_dir, check_data,
-                   model_config, planned_steps, restore_checkpoint, saved_at, training_dataset)
+from .. import heartbeat
+from .loop import (NonFiniteLoss, _MetricsLog, _evaluate, _finish, _prepare_model_dir,
+                   announce_resume, check_data, data_fingerprint, model_config, planned_steps,
+                   restore_checkpoint, saved_at, training_dataset)
+from .stop import Interrupted, StopRequests
 
 MIN_SHARD_BYTES = 64 << 10    # below this a variable stays whole on one server
 
@@ -72,7 +76,8 @@ def train_parameter_server(cfg, threads) -> dict:
 
     m, feature_size = check_data(cfg)
     total_steps = planned_steps(cfg, m.records, cfg.batch_size, f"batch_size {cfg.batch_size}")
-    md = _prepare_model_dir(cfg, feature_size, m.field_size)
+    md = _prepare_model_dir(cfg, feature_size, m.field_size,
+                            train_data=data_fingerprint(m, cfg.train_dir))
     with strategy.scope():
         model, opt, replica_step, variables = build_training(
             model_config(cfg, feature_size, m.field_size), cfg.optimizer, cfg.learning_rate,
@@ -83,7 +88,8 @@ def train_parameter_server(cfg, threads) -> dict:
           + ", ".join(f"{k} {v:,}" for k, v in load.items() if "/job:ps" in k), flush=True)
 
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
-    log = _MetricsLog(md, cfg.progress)
+    log = _MetricsLog(md, not cfg.quiet)
+    announce_resume(log, md, start_step, total_steps)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=m.records, mode=cfg.mode,
               workers=num_workers, parameter_servers=num_ps, ps_bytes=load,
@@ -115,7 +121,16 @@ def train_parameter_server(cfg, threads) -> dict:
     step, windows = start_step, []
     t_window, seen_sum, seen_steps = time.perf_counter(), 0.0, 0
     last_ckpt = time.monotonic()
+    stop = StopRequests().__enter__()
     while step < total_steps:
+        heartbeat.beat()
+        if stop.signum is not None:
+            coordinator.join()
+            step = int(opt.iterations.numpy())
+            manager.save(checkpoint_number=step)
+            log.event("stopped", step=step, signal=stop.signum)
+            stop.__exit__()
+            raise Interrupted(stop.signum, step, saved=True)
         coordinator.schedule(worker_step, args=(it,))
         step += 1
         boundary = step % cfg.log_every == 0 or step == total_steps
@@ -128,6 +143,10 @@ def train_parameter_server(cfg, threads) -> dict:
             if boundary:
                 total, done = float(loss_sum.numpy()), int(loss_steps.numpy())
                 n = max(1, done - seen_steps)
+                if not math.isfinite(total):
+                    raise NonFiniteLoss(f"the training loss became {total} by step {step}: the "
+                                        "model diverged or the data holds extreme values; not "
+                                        "checkpointed", path=cfg.train_dir)
                 w = {"step": step, "loss": (total - seen_sum) / n, "steps": n,
                      "seconds": now - t_window, "examples_per_s": n * cfg.batch_size / (now - t_window)}
                 windows.append(w)
@@ -138,7 +157,8 @@ def train_parameter_server(cfg, threads) -> dict:
                 last_ckpt = time.monotonic()
                 log.event("checkpoint", step=step)
             if eval_due:
-                _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log)
+                _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log, feature_size)
+    stop.__exit__()
     coordinator.join()
     step = int(opt.iterations.numpy())
     if not saved_at(manager, step):

@@ -1,0 +1,39 @@
+"""Progress a supervisor can see without reading a process's output: a process given
+CTRTRAIN_HEARTBEAT=<file> touches that file while it makes progress (a training step, an
+evaluation batch, a data file read). The launcher's watchdog counts a fresh heartbeat as
+progress, so a job that trains for hours without printing is not torn down as stuck, and a
+process that stops stepping (hung, SIGSTOPped) is, however chatty its threads."""
+
+from __future__ import annotations
+
+import os
+import time
+
+ENV = "CTRTRAIN_HEARTBEAT"
+_INTERVAL_S = 1.0
+_last = 0.0
+
+
+def beat(force: bool = False) -> None:
+    """Touches the heartbeat file, at most once a second (a step costs no syscall)."""
+    global _last
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    now = time.monotonic()
+    if not force and now - _last < _INTERVAL_S:
+        return
+    _last = now
+    try:
+        with open(path, "a"):
+            os.utime(path)
+    except OSError:
+        pass   # the supervisor's directory went away: it is tearing the job down
+
+
+def age(path: str) -> float | None:
+    """Seconds since the heartbeat file was touched, or None if never."""
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return None

@@ -1,0 +1,454 @@
+"""Nothing lost, nothing silently wrong: what the data tools, `train` and `predict` do with
+inputs a careless user or an adversarial tester gives them. Every case here failed before
+(deleted data, exit 0 with a wrong result, or a traceback); each now ends in a named error,
+exit status 2, with the inputs intact. Commands run in-process through the real CLI entry
+(`ctrtrain.cli.main`), so the table costs no TensorFlow start-up per case."""
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+
+def cli(*args):
+    """(exit status, stdout, stderr) of `ctrtrain ARGS` run in this process."""
+    from ctrtrain.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:   # argparse's refusals
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def refused(*args, match):
+    code, out, err = cli(*args)
+    assert code == 2, (code, out[-2000:], err[-2000:])
+    assert match in err, err[-2000:]
+    return err
+
+
+def tree_digest(path: Path) -> str:
+    """Names and contents of everything under path: equal digests, nothing lost or changed."""
+    h = hashlib.sha256()
+    for p in sorted(Path(path).rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from trainutil import make_synth
+    root = tmp_path_factory.mktemp("bad-input")
+    make_synth(root, rows=6000, feature_size=2000, seed=5)
+    return root
+
+
+@pytest.fixture(scope="module")
+def model(data, tmp_path_factory):
+    md = tmp_path_factory.mktemp("model") / "m"
+    code, out, err = cli("train", "--train", data / "tf" / "train", "--model-dir", md,
+                         "--steps", 10, "--batch-size", 256, "--quiet")
+    assert code == 0, err
+    return md
+
+
+def criteo_day(shared, path: Path, rows: int = 50) -> Path:
+    lines = (shared / "criteo_head1000" / "train.txt").read_text().splitlines(keepends=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines[:rows]))
+    return path
+
+
+# --- data loss ----------------------------------------------------------------------------
+
+def test_overlapping_or_foreign_outputs_are_refused_and_inputs_kept(tmp_path, shared, data):
+    day = criteo_day(shared, tmp_path / "in" / "day.txt")
+    lib = tmp_path / "lib"
+    shutil.copytree(data / "raw" / "train", lib)
+    before = {p: tree_digest(p) for p in (tmp_path / "in", lib)}
+    for args in (["data", "featurize", day, "--out", tmp_path / "in"],
+                 ["data", "featurize", day, "--out", tmp_path],
+                 ["data", "split", day, "--out", tmp_path / "in"],
+                 ["data", "split", day, "--out", tmp_path],
+                 ["data", "convert", lib, "--out", lib],
+                 ["data", "convert", lib, "--out", tmp_path],
+                 ["data", "convert", lib / "part-00000.libsvm", lib / "part-00001.libsvm",
+                  "--field-size", 39, "--out", lib]):
+        refused(*args, "--overwrite", match="overlaps the input")
+    # --overwrite replaces only an empty directory or a ctrtrain output.
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    refused("data", "split", day, "--out", foreign, "--overwrite", match="left as it is")
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    assert {p: tree_digest(p) for p in before} == before
+    code, _, err = cli("data", "split", day, "--out", tmp_path / "s")
+    assert code == 0, err
+    code, _, err = cli("data", "split", day, "--out", tmp_path / "s", "--overwrite")
+    assert code == 0, err
+
+
+def test_featurize_inputs_with_one_stem_keep_every_row(tmp_path, shared):
+    a = criteo_day(shared, tmp_path / "a" / "day.txt", 50)
+    b = criteo_day(shared, tmp_path / "b" / "day.txt", 200)
+    c = criteo_day(shared, tmp_path / "a" / "day.tsv", 30)
+    code, _, err = cli("data", "featurize", a, b, c, "--out", tmp_path / "f", "--min-count", 1)
+    assert code == 0, err
+    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    assert [(f["path"], f["records"]) for f in m["files"]] == [
+        ("day.libsvm", 50), ("day-2.libsvm", 200), ("day-3.libsvm", 30)]
+    for f in m["files"]:
+        assert len((tmp_path / "f" / f["path"]).read_text().splitlines()) == f["records"]
+    code, _, err = cli("data", "convert", tmp_path / "f", "--out", tmp_path / "t", "--shards", 2)
+    assert code == 0, err
+    assert json.loads((tmp_path / "t" / "manifest.json").read_text())["records"] == 280
+
+
+def test_predict_never_writes_over_its_input(tmp_path, data, model):
+    src = tmp_path / "rows.libsvm"
+    shutil.copy(data / "raw" / "test" / json.loads(
+        (data / "raw" / "test" / "manifest.json").read_text())["files"][0]["path"], src)
+    before = src.read_bytes()
+    refused("predict", "--model", model / "export", "--input", src, "--out", src,
+            match="overlaps the input")
+    d = tmp_path / "d"
+    shutil.copytree(data / "tf" / "test", d)
+    refused("predict", "--model", model / "export", "--input", d, "--out", d / "p.csv",
+            match="overlaps the input")
+    assert src.read_bytes() == before and not (d / "p.csv").exists()
+
+
+# --- silently wrong results -----------------------------------------------------------------
+
+def test_csv_label_column_is_found_or_required(tmp_path, shared):
+    sample = (shared / "deepctr_samples" / "criteo_sample.txt").read_text().splitlines()
+    header = sample[0].split(",")
+    assert header[0] == "label"
+    for name in ("Label", "CLICK"):
+        f = tmp_path / f"{name}.csv"
+        f.write_text("\n".join([",".join([name] + header[1:])] + sample[1:]) + "\n")
+        code, _, err = cli("data", "featurize", f, "--out", tmp_path / name, "--min-count", 1)
+        assert code == 0, err
+        m = json.loads((tmp_path / name / "manifest.json").read_text())
+        labels = [int(x) for x in sample[1:] and [r.split(",")[0] for r in sample[1:]]]
+        assert m["positives"] == sum(labels) > 0 and m["field_size"] == 39
+    f = tmp_path / "y.csv"
+    f.write_text("\n".join([",".join(["y"] + header[1:])] + sample[1:]) + "\n")
+    refused("data", "featurize", f, "--out", tmp_path / "y", match="no label column")
+    code, _, err = cli("data", "featurize", f, "--out", tmp_path / "y", "--label-column", "y",
+                       "--min-count", 1)
+    assert code == 0, err
+    assert json.loads((tmp_path / "y" / "manifest.json").read_text())["positives"] == sum(labels)
+    # A TSV given as --format csv is named, not read as one column.
+    tsv = criteo_day(shared, tmp_path / "day.tsv")
+    tsv.write_text("label\t" + "\t".join(f"I{i}" for i in range(1, 14)) + "\n" + tsv.read_text())
+    refused("data", "featurize", tsv, "--format", "csv", "--out", tmp_path / "t",
+            match="TAB-separated")
+
+
+def write_tfrecord_dir(path: Path, labels, ids, values, feature_size: int):
+    """A TFRecord data directory as another pipeline would write it (no checks on values)."""
+    from ctrtrain.data.libsvm import Rows
+    from ctrtrain.data.manifest import FileEntry, Manifest
+    from ctrtrain.data.tfrecord import ShardWriter
+    path.mkdir(parents=True)
+    w = ShardWriter(str(path / "part-0.tfrecord"))
+    w.write_rows(Rows(np.asarray(labels, np.float32), np.asarray(ids, np.int64),
+                      np.asarray(values, np.float32)))
+    n, size, sha = w.commit()
+    Manifest("tfrecord", ids.shape[1], feature_size,
+             [FileEntry("part-0.tfrecord", n, size, sha)]).write(path)
+
+
+def synthetic(n=2048, f=39, feature_size=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 2, n).astype(np.float32), rng.integers(0, feature_size, (n, f)),
+            np.ones((n, f), np.float32))
+
+
+@pytest.mark.parametrize("case,record,reason", [
+    ("label 2", 1500, "label 2 is not 0 or 1"),
+    ("label -1", 700, "label -1 is not 0 or 1"),
+    ("id outside the table", 1999, "id 2000 (field 7) is outside [0, 2000)"),
+])
+def test_bad_records_are_named_by_train_and_predict(tmp_path, model, case, record, reason):
+    labels, ids, values = synthetic()
+    if case.startswith("label"):
+        labels[record] = float(case.split()[1])
+    else:
+        ids[record, 7] = 2000
+    d = tmp_path / "d"
+    write_tfrecord_dir(d, labels, ids, values, 2000)
+    where = f"{d / 'part-0.tfrecord'}, record {record}: {reason}"
+    refused("train", "--train", d, "--model-dir", tmp_path / "m", "--steps", 8,
+            "--batch-size", 256, "--shuffle-buffer", 0, "--quiet", match=where)
+    refused("predict", "--model", model / "export", "--input", d, "--out", tmp_path / "p.csv",
+            match=where)
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_libsvm_directory_with_bad_labels_is_named(tmp_path):
+    from ctrtrain.data.manifest import FileEntry, Manifest, sha256_file
+    d = tmp_path / "lib"
+    d.mkdir()
+    rows = ["1 " + " ".join(f"{j}:1" for j in range(3))] * 300
+    rows[123] = "2 0:1 1:1 2:1"
+    (d / "a.libsvm").write_text("\n".join(rows) + "\n")
+    Manifest("libsvm", 3, 10, [FileEntry("a.libsvm", 300, (d / "a.libsvm").stat().st_size,
+                                         sha256_file(d / "a.libsvm"))]).write(d)
+    refused("train", "--train", d, "--model-dir", tmp_path / "m", "--steps", 4,
+            "--batch-size", 64, "--shuffle-buffer", 0, "--quiet",
+            match=f"{d / 'a.libsvm'}, line 124: label 2")
+
+
+def test_non_finite_loss_stops_training_without_a_checkpoint(tmp_path):
+    labels, ids, values = synthetic()
+    values[:, 3] = 3e38   # finite float32, but the model's logits overflow
+    d = tmp_path / "d"
+    write_tfrecord_dir(d, labels, ids, values, 2000)
+    refused("train", "--train", d, "--model-dir", tmp_path / "m", "--steps", 8,
+            "--batch-size", 256, "--quiet", match="the training loss became")
+    assert not list((tmp_path / "m").glob("checkpoints/ckpt-*")) and \
+        not (tmp_path / "m" / "export").exists()
+
+
+def test_convert_refuses_values_float32_cannot_hold(tmp_path):
+    (tmp_path / "a.libsvm").write_text("1 0:1 1:1\n0 0:1e39 1:1\n")
+    refused("data", "convert", tmp_path / "a.libsvm", "--field-size", 2, "--out", tmp_path / "o",
+            match="line 2: pair 1: value 1e+39 is outside float32's range")
+    (tmp_path / "b.libsvm").write_text("0 0:x 1:1\n" * 5)
+    refused("data", "convert", tmp_path / "b.libsvm", "--field-size", 2, "--out", tmp_path / "o",
+            "--max-bad-rows", 5, match="no valid rows")
+    assert not (tmp_path / "o").exists()
+
+
+def test_cut_files_and_lying_manifests_are_caught_wherever_data_is_read(tmp_path, data, model):
+    from ctrtrain.data.manifest import read_manifest
+    d = tmp_path / "cut"
+    shutil.copytree(data / "tf" / "train", d)
+    m = read_manifest(d)
+    first = d / m.files[0].path
+    # Cut exactly at a record boundary: TensorFlow reads it as a shorter, valid file.
+    framed = first.read_bytes()
+    n, off = 0, 0
+    while n < m.files[0].records // 3:
+        off += 16 + int.from_bytes(framed[off:off + 8], "little")
+        n += 1
+    first.write_bytes(framed[:off])
+    for args in (["train", "--train", d, "--model-dir", tmp_path / "m", "--steps", 2, "--quiet"],
+                 ["predict", "--model", model / "export", "--input", d, "--out", tmp_path / "p.csv"],
+                 ["data", "convert", d, "--to", "libsvm", "--out", tmp_path / "back"]):
+        refused(*args, match=f"{first}: {off} bytes, the manifest says {m.files[0].bytes}")
+    # A record count that no file of that size can hold (3.6 passes for "1 epoch" before).
+    d2 = tmp_path / "lie"
+    shutil.copytree(data / "tf" / "train", d2)
+    raw = json.loads((d2 / "manifest.json").read_text())
+    raw["files"][0]["records"] = int(raw["files"][0]["records"] * 3.6)
+    (d2 / "manifest.json").write_text(json.dumps(raw))
+    refused("train", "--train", d2, "--model-dir", tmp_path / "m2", "--steps", 2, "--quiet",
+            match="cannot hold the")
+
+
+def test_resume_refuses_another_data_position_and_survives_damaged_checkpoints(tmp_path, data):
+    tf_train = data / "tf" / "train"
+    md = tmp_path / "m"
+    base = ["train", "--train", tf_train, "--model-dir", md, "--batch-size", 256, "--quiet",
+            "--checkpoint-every", 5, "--keep-checkpoints", 5, "--no-export"]
+    code, _, err = cli(*base, "--steps", 10)
+    assert code == 0, err
+    for flag, value in (("--batch-size", 128), ("--seed", 3), ("--shuffle-buffer", 100)):
+        args = list(base)
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+        refused(*args, "--steps", 15, match=f"resuming would continue at the wrong data position")
+    other = tmp_path / "other"
+    shutil.copytree(data / "tf" / "valid", other)
+    refused(*[other if a == tf_train else a for a in base], "--steps", 15,
+            match="train_data=")
+    # A garbled state file: set aside, the newest checkpoint found by name.
+    (md / "checkpoints" / "checkpoint").write_text("model_checkpoint_path: \x00garbage {{{")
+    code, out, err = cli(*base, "--steps", 15)
+    assert code == 0, err
+    assert "damaged" in out and "resuming from the checkpoint at step 10" in out
+    assert list((md / "checkpoints").glob("checkpoint.damaged-*"))
+    # A damaged newest checkpoint: the one before it, loudly.
+    newest = md / "checkpoints" / "ckpt-15.data-00000-of-00001"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    code, out, err = cli(*base, "--steps", 20)
+    assert code == 0, err
+    assert "could not restore ckpt-15" in out and "resumed from ckpt-10" in out
+    result = json.loads((md / "result.json").read_text())
+    assert result["resumed_from"] == 10 and result["step"] == 20
+    # --fresh starts over.
+    code, out, err = cli(*base, "--steps", 5, "--batch-size", 128, "--fresh")
+    assert code == 0, err
+    assert json.loads((md / "result.json").read_text())["resumed_from"] == 0
+
+
+def test_sigterm_and_sigint_checkpoint_before_exiting(tmp_path, data):
+    import signal
+    import sys
+    import time
+    md = tmp_path / "m"
+    args = [sys.executable, "-m", "ctrtrain.cli", "train", "--train", data / "tf" / "train",
+            "--model-dir", md, "--steps", 100000, "--batch-size", 64, "--checkpoint-every", 0,
+            "--log-every", 20, "--quiet", "--no-export"]
+    def train_events():
+        path = md / "metrics.jsonl"
+        return path.read_text().count('"event": "train"') if path.exists() else 0
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        seen = train_events()
+        proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and train_events() == seen:
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == code, err[-2000:]
+        assert f"stopped by {sig.name} at step" in err and "checkpoint saved" in err
+        stopped = [json.loads(x) for x in (md / "metrics.jsonl").read_text().splitlines()
+                   if '"stopped"' in x][-1]
+        assert (md / "checkpoints" / f"ckpt-{stopped['step']}.index").exists()
+    # The next run resumes where the last one stopped.
+    code, out, err = cli("train", "--train", data / "tf" / "train", "--model-dir", md,
+                         "--steps", stopped["step"] + 3, "--batch-size", 64, "--quiet",
+                         "--checkpoint-every", 0, "--no-export")
+    assert code == 0, err
+    assert json.loads((md / "result.json").read_text())["resumed_from"] == stopped["step"]
+
+
+# --- inconsistent parsing and odd inputs ----------------------------------------------------
+
+@pytest.mark.parametrize("line", [b'1 "0":1 1:1', b"\xef\xbb\xbf1 0:1 1:1", b"1 0:1 1:1\r",
+                                  b"1 0:1_0 1:1", b"1 0:inf 1:1", b"1 0:nan 1:1", b"1 0:0x1 1:1",
+                                  b"1 0:+1 1:.5", b"1 0:1e-3 1:2E2"])
+def test_both_libsvm_parse_paths_agree_on_every_line(line):
+    from ctrtrain.data.libsvm import parse_libsvm
+    alone_rows, alone_bad = parse_libsvm(line + b"\n", 2)
+    block = b"0 0:1 1:1\n" * 50 + line + b"\n" + b"1 0:2 1:3\n" * 50
+    rows, bad = parse_libsvm(block, 2)
+    assert len(alone_bad) == len(bad)
+    assert len(rows) == 100 + len(alone_rows)
+    if len(alone_rows):
+        np.testing.assert_array_equal(rows.values[50], alone_rows.values[0])
+
+
+def test_directory_inputs_refuse_what_they_would_skip(tmp_path, data):
+    d = tmp_path / "d"
+    d.mkdir()
+    shutil.copy(data / "raw" / "train" / "part-00000.libsvm", d / "a.libsvm")
+    for extra in ("b.json", ".hidden", "c.tmp", "sub/"):
+        p = d / extra.rstrip("/")
+        p.mkdir() if extra.endswith("/") else p.write_text("1 0:1\n")
+        refused("data", "convert", d, "--field-size", 39, "--out", tmp_path / "o",
+                match=extra.rstrip("/"))
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    code, _, err = cli("data", "convert", d, "--field-size", 39, "--out", tmp_path / "o")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m["files"][0].update(path="/etc/passwd"), "must be a relative path"),
+    (lambda m: m["files"][0].update(path="../train/part-00000-of-00004.tfrecord"),
+     "must be a relative path"),
+    (lambda m: m.update(field_size="39"), "field_size: not a valid ctrtrain manifest: '39' is not a positive integer"),
+    (lambda m: m.update(compression="zip"), "field compression"),
+    (lambda m: m["files"][0].update(records=-1), "-1 is not a non-negative integer"),
+])
+def test_manifests_are_checked_field_by_field(tmp_path, data, edit, match):
+    d = tmp_path / "d"
+    shutil.copytree(data / "tf" / "valid", d)
+    raw = json.loads((d / "manifest.json").read_text())
+    edit(raw)
+    (d / "manifest.json").write_text(json.dumps(raw))
+    refused("train", "--train", d, "--model-dir", tmp_path / "m", "--steps", 1, match=match)
+    refused("data", "inspect", d, match=match)
+
+
+def test_nonsense_arguments_are_refused(tmp_path, data, shared):
+    day = criteo_day(shared, tmp_path / "day.txt")
+    t = data / "tf" / "train"
+    cases = [
+        (["train", "--train", t, "--model-dir", tmp_path / "m", "--epochs", "-1"], "--epochs"),
+        (["train", "--train", t, "--model-dir", tmp_path / "m", "--deep-layers", "0"], "--deep-layers"),
+        (["train", "--train", t, "--model-dir", tmp_path / "m", "--dropout", "1.5"], "--dropout"),
+        (["train", "--train", t, "--model-dir", tmp_path / "m", "--batch-size", "0"], "--batch-size"),
+        (["data", "convert", day, "--field-size", 39, "--shards", 0, "--out", tmp_path / "o"], "--shards"),
+        (["data", "featurize", day, "--hash-buckets", "-1", "--out", tmp_path / "o"], "--hash-buckets"),
+        (["data", "synth", "--rows", "0", "--out", tmp_path / "o"], "--rows"),
+        (["predict", "--model", "x", "--input", day, "--out", "p.csv", "--batch-size", "-5"], "--batch-size"),
+    ]
+    for args, flag in cases:
+        refused(*args, match=flag)
+    assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()
+
+
+def test_inputs_that_used_to_end_in_a_traceback(tmp_path, data, model, shared):
+    """A table of inputs that each ended in a Python or TensorFlow traceback (exit 1)."""
+    t = data / "tf" / "train"
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "vocab.json").write_text('{"schema": {"label": "label", "numeric": [], '
+                                         '"categorical": ["C1"]}, "mode": "vocab", '
+                                         '"min_count": 1, "hash_buckets": 0, "values": [1, 2]}')
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "no-manifest").mkdir()
+    shutil.copy(t / "part-00000-of-00004.tfrecord", tmp_path / "no-manifest")
+    corrupt_valid = tmp_path / "valid"
+    shutil.copytree(data / "tf" / "valid", corrupt_valid)
+    f = corrupt_valid / "part-00001-of-00002.tfrecord"
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    f.write_bytes(bytes(b))
+    (tmp_path / "deep.yaml").write_text("[" * 100_000 + "]" * 100_000)
+    day = criteo_day(shared, tmp_path / "day.txt")
+    cases = [
+        (["data", "featurize", tmp_path / "empty.csv", "--format", "csv", "--out", tmp_path / "o"],
+         "empty.csv: file is empty"),
+        (["data", "featurize", day, "--vocab", tmp_path / "vocab.json", "--out", tmp_path / "o"],
+         "not a ctrtrain vocabulary"),
+        (["data", "split", day, "--out", tmp_path / "a-file"], "exists and is not a directory"),
+        (["data", "convert", day, "--field-size", 39, "--out", tmp_path / "a-file" / "x"],
+         "a-file"),
+        (["predict", "--model", model / "export", "--input", tmp_path / "no-manifest",
+          "--out", tmp_path / "p.csv"], "a directory without manifest.json"),
+        (["train", "--train", t, "--valid", corrupt_valid, "--model-dir", tmp_path / "m",
+          "--steps", 1, "--quiet"], f"{f}: sha256 does not match"),
+        (["launch", tmp_path / "deep.yaml"], "nested too deeply"),
+        (["predict", "--model", tmp_path / "a-file", "--input", day, "--out", tmp_path / "p.csv"],
+         "no SavedModel here"),
+    ]
+    for args, match in cases:
+        refused(*args, match=match)
+    assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()
+
+
+def test_disk_full_is_a_named_error_and_leaves_nothing_half_written(tmp_path, data):
+    """A 300 KB tmpfs in a mount namespace of the test's own (no privilege needed)."""
+    from ctrtrain.launch import isolation
+    if not isolation.available("host"):
+        pytest.skip("no user namespaces here")
+    small = tmp_path / "small"
+    small.mkdir()
+    script = (f"mount -t tmpfs -o size=300k tmpfs {small} && "
+              f"cd {os.getcwd()} && python -m ctrtrain.cli data convert {data / 'raw' / 'train'} "
+              f"--out {small / 'o'} --processes 1; echo EXIT=$?")
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=300)
+    assert "EXIT=2" in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert "No space left on device" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,256 @@
+"""Launches that must neither lose data, nor kill healthy work, nor hang, nor leave processes
+behind, nor silently read the data twice: real `ctrtrain launch` / `ctrtrain run` processes
+with real signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from test_distributed import channels
+from test_faults import events, finish, pid_of, start, wait_for
+from test_launch import alive, spec_from_example
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from trainutil import make_synth
+    root = tmp_path_factory.mktemp("safety-data")
+    make_synth(root, rows=20_000, feature_size=2_000, seed=4)
+    return root / "tf"
+
+
+def script_job(tmp_path, body: str, name="job", hosts=1, mode="single", **over) -> Path:
+    (tmp_path / f"{name}.py").write_text(body)
+    spec = {"name": name, "entry_point": {"script": str(tmp_path / f"{name}.py")},
+            "instance_groups": [{"name": "g", "hosts": hosts}], "distribution": mode,
+            "output_dir": str(tmp_path / "run"), **over}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def launch_bg(spec, *extra):
+    return subprocess.Popen([sys.executable, "-m", "ctrtrain.cli", "launch", str(spec), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_file(path: Path, timeout=60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not path.exists():
+        time.sleep(0.1)
+    assert path.exists(), path
+
+
+# --- the run directory -------------------------------------------------------------------
+
+def test_run_directory_must_be_new_empty_or_this_jobs_and_is_locked(tmp_path):
+    spec = script_job(tmp_path, "print('ok')\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "thesis.tex").write_text("years of work")
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "is not empty and is not a ctrtrain run" in r.stderr
+    assert (run / "thesis.tex").read_text() == "years of work" and len(list(run.iterdir())) == 1
+    # A symlink to anywhere is refused.
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link")
+    r = run_cli("launch", spec, "--output-dir", tmp_path / "link", check=False)
+    assert r.returncode == 2 and "symbolic link" in r.stderr
+    # Another job's run is refused; this job's own is resumed into.
+    r = run_cli("launch", spec, "--output-dir", tmp_path / "run2")
+    other = script_job(tmp_path, "print('other')\n", name="other")
+    r = run_cli("launch", other, "--output-dir", tmp_path / "run2", check=False)
+    assert r.returncode == 2 and "holds the run of job 'job'" in r.stderr
+    run_cli("launch", spec, "--output-dir", tmp_path / "run2")
+    # Two launches into one directory: the second is refused while the first runs.
+    slow = script_job(tmp_path, "import time\nprint('working', flush=True)\ntime.sleep(30)\n",
+                      name="slow", output_dir=str(tmp_path / "run3"))
+    first = launch_bg(slow)
+    wait_file(tmp_path / "run3" / "logs" / "pids")
+    r = run_cli("launch", slow, check=False)
+    assert r.returncode == 2 and "another launch is running" in r.stderr
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert alive(tmp_path / "run3")[1] == []
+
+
+# --- healthy work is not killed, stuck work is --------------------------------------------
+
+def test_a_recipe_training_longer_than_its_watchdog_finishes(tmp_path, data):
+    # No log window for the whole run (log_every beyond the steps): only the trainer's
+    # heartbeat tells the watchdog that it is making progress.
+    hp = {"steps": 6000, "batch_size": 64, "log_every": 100_000, "checkpoint_every": 0}
+    spec = spec_from_example(tmp_path, "deepfm-single", channels=channels(data),
+                             hyperparameters=hp, watchdog=8)
+    t = time.monotonic()
+    r = run_cli("launch", spec, timeout=600)
+    took = time.monotonic() - t
+    result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
+    assert result["step"] == 6000 and took > 16, took   # trained for over twice the watchdog
+    # The recipe logs its windows, so a job's console shows progress too.
+    spec = spec_from_example(tmp_path, "deepfm-single", channels=channels(data),
+                             hyperparameters={"steps": 40, "batch_size": 64, "log_every": 10},
+                             output_dir=str(tmp_path / "run2"))
+    r = run_cli("launch", spec)
+    assert r.stdout.count("[train] step") == 4
+
+
+def test_a_stopped_parameter_server_fails_the_job_naming_it(tmp_path, data):
+    from test_distributed import PS_HP
+    proc, run = start(tmp_path, "deepfm-parameter-server", data,
+                      hyperparameters={**PS_HP, "epochs": 20, "log_every": 5})
+    wait_for(lambda: events(run, "train"), proc)
+    sent = time.monotonic()
+    os.kill(pid_of(run, "algo-2/ps/1"), signal.SIGSTOP)
+    code, out, err = finish(proc, timeout=120)
+    took = time.monotonic() - sent
+    assert code == 2 and "algo-2/ps/1 has been stopped" in err, err[-3000:]
+    assert took < 40, took        # not the watchdog's 600 s
+    assert alive(run)[1] == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+def test_processes_an_entry_point_detaches_die_with_the_launcher(tmp_path, sig):
+    from ctrtrain.launch import isolation
+    if not isolation.available("loopback"):
+        pytest.skip("no user namespaces on this machine")
+    marker = 31337 + int(sig)
+    # A daemon the way scripts start them: double fork, own session, parent gone.
+    body = ("import os, subprocess, sys, time\n"
+            f"subprocess.Popen(['sh', '-c', 'setsid sleep {marker}.5 &'], start_new_session=True)\n"
+            "print('started', flush=True)\n"
+            "time.sleep(300)\n")
+    spec = script_job(tmp_path, body, hosts=2, mode="allreduce")
+    proc = launch_bg(spec)
+
+    def daemons():
+        r = subprocess.run(["pgrep", "-f", f"sleep {marker}.5"], capture_output=True, text=True)
+        return r.stdout.split()
+    end = time.monotonic() + 60
+    while time.monotonic() < end and len(daemons()) < 2:
+        time.sleep(0.2)
+    assert len(daemons()) == 2
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    end = time.monotonic() + 15
+    while time.monotonic() < end and daemons():
+        time.sleep(0.2)
+    assert daemons() == []
+    assert alive(tmp_path / "run")[1] == []
+
+
+def test_ctrtrain_netns_variable_does_not_skip_isolation(tmp_path):
+    from ctrtrain.launch import isolation
+    if not isolation.available("loopback"):
+        pytest.skip("no user namespaces on this machine")
+    spec = script_job(tmp_path, "import json, os, socket\n"
+                      "print('IFACES', json.dumps(sorted(n for _, n in socket.if_nameindex())))\n")
+    r = run_cli("launch", spec, env={"CTRTRAIN_NETNS": "1"})
+    assert 'IFACES ["lo"]' in r.stdout
+
+
+# --- absurd specs ------------------------------------------------------------------------
+
+def test_absurd_topologies_and_alias_bombs_are_refused_at_once(tmp_path):
+    spec = script_job(tmp_path, "print('x')\n", hosts=300, mode="allreduce")
+    t = time.monotonic()
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "at most 64" in r.stderr
+    assert not (tmp_path / "run").exists()
+    # 604 bytes that expand to 10^9 list items if anything formats them.
+    bomb = "\n".join(["a: &a [x,x,x,x,x,x,x,x,x,x]"] +
+                     [f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]"
+                      for p, c in zip("abcdefgh", "bcdefghi")])
+    for key in ("hosts", "mode"):
+        body = yaml.safe_load((tmp_path / "job.yaml").read_text())
+        text = yaml.safe_dump(body)
+        if key == "hosts":
+            text = text.replace("hosts: 300", "hosts: *i")
+        else:
+            text = text.replace("distribution: allreduce", "distribution: {mode: *i}")
+        (tmp_path / "bomb.yaml").write_text(bomb + "\n" + text)
+        r = subprocess.run([sys.executable, "-c",
+                            "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, "
+                            "(2 << 30, 2 << 30)); from ctrtrain.cli import main; "
+                            f"sys.exit(main(['launch', {str(tmp_path / 'bomb.yaml')!r}]))"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "job spec" in r.stderr and len(r.stderr) < 2000, r.stderr[-500:]
+    assert time.monotonic() - t < 60
+    from ctrtrain.launch.launcher import JobFailed, PortAllocator
+    ports = PortAllocator(tries=50)
+    ports.used = set(range(65536))      # every port this machine could give is taken
+    with pytest.raises(JobFailed, match="no free loopback port after 50 tries"):
+        ports.get()
+
+
+def test_a_pipe_text_file_without_final_newline_is_refused(tmp_path):
+    d = tmp_path / "ch"
+    d.mkdir()
+    (d / "a.libsvm").write_text("1 0:1 1:1\n0 0:1 1:2")       # no newline at the end
+    (d / "b.libsvm").write_text("1 0:3 1:1\n")
+    spec = script_job(tmp_path, "print('x')\n",
+                      channels={"training": {"path": str(d), "input_mode": "Pipe"}})
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "a.libsvm does not end with a newline" in r.stderr
+
+
+# --- ctrtrain run ------------------------------------------------------------------------
+
+def run_host(tmp_path, data, tf_config, index, *extra):
+    """`ctrtrain run` as a TFJob pod would run it: TF_CONFIG, a channel, its own /opt/ml."""
+    base = tmp_path / f"host{index}"
+    (base / "output").mkdir(parents=True)
+    (base / "model").mkdir()
+    env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "SM_CHANNEL_TRAINING": str(data / "train"),
+           "SM_OUTPUT_DIR": str(base / "output"), "SM_OUTPUT_DATA_DIR": str(base / "output"),
+           "SM_MODEL_DIR": str(base / "model"), "CTRTRAIN_NO_PROGRESS": "1"}
+    env.pop("CTRTRAIN_MODE", None)
+    return subprocess.Popen([sys.executable, "-m", "ctrtrain.cli", "run", "--mode", "allreduce",
+                             *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def free_ports(n):
+    import socket
+    out = []
+    for _ in range(n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            out.append(s.getsockname()[1])
+    return out
+
+
+def test_run_from_tf_config_splits_the_data_between_workers(tmp_path, data):
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    procs = [run_host(tmp_path, data, {"cluster": {"worker": workers},
+                                       "task": {"type": "worker", "index": i}}, i,
+                      "--", "--steps", "20", "--batch_size", "256") for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    shards = sorted(line.split("reading ")[1] for out, _ in outs for line in out.splitlines()
+                    if "reading ReadPlan" in line)
+    assert len(shards) == 2 and shards[0] != shards[1] and "shard=(2, 0)" in shards[0]
+    metrics = (tmp_path / "host0" / "checkpoints" / "metrics.jsonl").read_text().splitlines()
+    start_event = next(json.loads(x) for x in metrics if '"start"' in x)
+    records = json.loads((data / "train" / "manifest.json").read_text())["records"]
+    assert start_event["records"] == records      # each example once per epoch, not twice
+
+
+def test_run_tears_down_when_a_peer_never_starts(tmp_path, data):
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    t = time.monotonic()
+    proc = run_host(tmp_path, data, {"cluster": {"worker": workers},
+                                     "task": {"type": "worker", "index": 0}}, 0,
+                    "--watchdog", "15", "--", "--steps", "20")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and time.monotonic() - t < 120
+    assert "no progress for 15 s" in err or "exited with status" in err, err[-2000:]
