@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
 
 
 def cli(*args):
@@ -275,7 +274,7 @@ def test_resume_refuses_another_data_position_and_survives_damaged_checkpoints(t
             args[args.index(flag) + 1] = value
         else:
             args += [flag, value]
-        refused(*args, "--steps", 15, match=f"resuming would continue at the wrong data position")
+        refused(*args, "--steps", 15, match="resuming would continue at the wrong data position")
     other = tmp_path / "other"
     shutil.copytree(data / "tf" / "valid", other)
     refused(*[other if a == tf_train else a for a in base], "--steps", 15,

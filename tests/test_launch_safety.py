@@ -15,7 +15,7 @@ import yaml
 
 from conftest import run_cli
 from test_distributed import channels
-from test_faults import events, finish, pid_of, start, wait_for
+from test_faults import events, finish, pid_of, record, start, wait_for
 from test_launch import alive, spec_from_example
 
 
@@ -95,6 +95,8 @@ def test_a_recipe_training_longer_than_its_watchdog_finishes(tmp_path, data):
     took = time.monotonic() - t
     result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
     assert result["step"] == 6000 and took > 16, took   # trained for over twice the watchdog
+    record("single: recipe silent for its whole run, watchdog 8 s", job_s=round(took, 1),
+           outcome="completed")
     # The recipe logs its windows, so a job's console shows progress too.
     spec = spec_from_example(tmp_path, "deepfm-single", channels=channels(data),
                              hyperparameters={"steps": 40, "batch_size": 64, "log_every": 10},
@@ -115,6 +117,7 @@ def test_a_stopped_parameter_server_fails_the_job_naming_it(tmp_path, data):
     assert code == 2 and "algo-2/ps/1 has been stopped" in err, err[-3000:]
     assert took < 40, took        # not the watchdog's 600 s
     assert alive(run)[1] == []
+    record("parameter_server: a ps SIGSTOPped", detect_s=round(took, 1), outcome="failed fast")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
@@ -140,10 +143,13 @@ def test_processes_an_entry_point_detaches_die_with_the_launcher(tmp_path, sig):
     assert len(daemons()) == 2
     proc.send_signal(sig)
     proc.communicate(timeout=60)
-    end = time.monotonic() + 15
+    sent = time.monotonic()
+    end = sent + 15
     while time.monotonic() < end and daemons():
         time.sleep(0.2)
     assert daemons() == []
+    record(f"launcher {sig.name}: detached daemons of the entry point",
+           gone_after_s=round(time.monotonic() - sent, 1), outcome="none left")
     assert alive(tmp_path / "run")[1] == []
 
 
@@ -252,5 +258,27 @@ def test_run_tears_down_when_a_peer_never_starts(tmp_path, data):
                                      "task": {"type": "worker", "index": 0}}, 0,
                     "--watchdog", "15", "--", "--steps", "20")
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 2 and time.monotonic() - t < 120
+    took = time.monotonic() - t
+    assert proc.returncode == 2 and took < 120
     assert "no progress for 15 s" in err or "exited with status" in err, err[-2000:]
+    record("run: a peer that never starts, --watchdog 15", ended_after_s=round(took, 1),
+           by="watchdog" if "no progress" in err else "TensorFlow", outcome="torn down")
+
+
+def test_run_with_hosts_flags_splits_the_data_like_launch(tmp_path, data):
+    """`ctrtrain run --hosts` gives each process the same reader list as the launcher and
+    TF_CONFIG paths (process_env), so the plan splits the channel: every file once."""
+    from ctrtrain.cluster.process_env import process_env
+    from ctrtrain.cluster.run import resolve
+    from ctrtrain.data.sharding import plan_from_env
+    files = json.loads((data / "train" / "manifest.json").read_text())["files"]
+    seen = []
+    for i in range(2):
+        r = resolve({}, mode="allreduce", hosts=["h0", "h1"], host_index=i, processes_per_host=2)
+        for p in r.processes:
+            env = {**process_env(p, r.all_processes, 2, mode="allreduce"),
+                   "SM_CHANNEL_TRAINING": str(data / "train")}
+            plan = plan_from_env("training", env)
+            n, k = plan.file_shard
+            seen += [f["path"] for f in files[k::n]]
+    assert sorted(seen) == sorted(f["path"] for f in files)

@@ -83,7 +83,8 @@ def resolve(environ=os.environ, mode: str = "single", processes_per_host: int = 
         try:
             cluster, task = cfg["cluster"], cfg["task"]
             role, index = task["type"], int(task["index"])
-            addr = cluster[role][index]
+            if not 0 <= index < len(cluster[role]):
+                raise IndexError(f"task {role} {index} is not in the cluster")
         except (KeyError, IndexError, ValueError, TypeError) as e:
             raise ConfigError(f"TF_CONFIG is not a valid cluster/task description: {e}") from e
         if role == "master":  # SageMaker's TF1 parameter-server naming

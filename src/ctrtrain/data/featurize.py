@@ -180,7 +180,6 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
               label_column: str | None = None, overwrite: bool = False):
     """Raw files -> a libsvm data directory (one file per input) with the vocabulary beside it.
     Without `vocab_path` the vocabulary is built from these inputs (the training split)."""
-    from pathlib import Path
 
     from .files import list_inputs, prepare_output_dir
     from .libsvm import format_libsvm

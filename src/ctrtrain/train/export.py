@@ -35,7 +35,13 @@ def export_saved_model(model, export_base, version: int, info: dict,
     tmp = Path(export_base) / f".{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     serving = _Serving(model, model.cfg.field_size)
-    tf.saved_model.save(serving, str(tmp), signatures={"serving_default": serving.serve})
+    try:
+        tf.saved_model.save(serving, str(tmp), signatures={"serving_default": serving.serve})
+    except tf.errors.OpError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        from ..errors import CtrError
+        raise CtrError(f"cannot write the SavedModel in {export_base}: "
+                       f"{e.message.strip().splitlines()[0] if e.message else e}") from None
     (tmp / EXTRA).mkdir(exist_ok=True)
     (tmp / EXTRA / INFO).write_text(json.dumps(info, indent=2) + "\n")
     if vocab_file:

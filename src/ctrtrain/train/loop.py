@@ -351,7 +351,7 @@ def _train_sync(cfg: TrainConfig, threads, rt) -> dict:
 
     def save(step):
         if rt.is_chief:
-            manager.save(checkpoint_number=step)
+            write_checkpoint(manager, step)
             log.event("checkpoint", step=step)
 
     stats, stopped_early, step = _run_steps(
@@ -451,6 +451,18 @@ def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt):
         raise DataError("no checkpoint restores (" + "; ".join(failures) + "); move the "
                         "directory aside or train with --fresh", path=str(ckpt_dir))
     return manager, 0
+
+
+def write_checkpoint(manager, step: int) -> None:
+    """manager.save, with TensorFlow's write errors (a full disk, a vanished directory) named
+    as the user's to fix instead of a traceback; the earlier checkpoints stay as they were."""
+    import tensorflow as tf
+    try:
+        manager.save(checkpoint_number=step)
+    except tf.errors.OpError as e:
+        from ..errors import CtrError
+        raise CtrError(f"cannot write the checkpoint of step {step} in {manager.directory}: "
+                       f"{e.message.strip().splitlines()[0] if e.message else e}") from None
 
 
 def saved_at(manager, step: int) -> bool:

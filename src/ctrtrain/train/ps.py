@@ -34,7 +34,8 @@ from ..errors import ConfigError
 from .. import heartbeat
 from .loop import (NonFiniteLoss, _MetricsLog, _evaluate, _finish, _prepare_model_dir,
                    announce_resume, check_data, data_fingerprint, model_config, planned_steps,
-                   restore_checkpoint, saved_at, training_dataset)
+                   restore_checkpoint, saved_at, training_dataset,
+                   write_checkpoint)
 from .stop import Interrupted, StopRequests
 
 MIN_SHARD_BYTES = 64 << 10    # below this a variable stays whole on one server
@@ -127,7 +128,7 @@ def train_parameter_server(cfg, threads) -> dict:
         if stop.signum is not None:
             coordinator.join()
             step = int(opt.iterations.numpy())
-            manager.save(checkpoint_number=step)
+            write_checkpoint(manager, step)
             log.event("stopped", step=step, signal=stop.signum)
             stop.__exit__()
             raise Interrupted(stop.signum, step, saved=True)
@@ -153,7 +154,7 @@ def train_parameter_server(cfg, threads) -> dict:
                 log.event("train", **w)
                 t_window, seen_sum, seen_steps = now, total, done
             if ckpt_due:
-                manager.save(checkpoint_number=step)
+                write_checkpoint(manager, step)
                 last_ckpt = time.monotonic()
                 log.event("checkpoint", step=step)
             if eval_due:
@@ -162,7 +163,7 @@ def train_parameter_server(cfg, threads) -> dict:
     coordinator.join()
     step = int(opt.iterations.numpy())
     if not saved_at(manager, step):
-        manager.save(checkpoint_number=step)
+        write_checkpoint(manager, step)
     return _finish(cfg, model, m, feature_size, md, predict, log, step,
                    {"total_steps": total_steps, "resumed_from": start_step, "stopped_early": False,
                     "mode": cfg.mode, "workers": num_workers, "parameter_servers": num_ps,
