@@ -17,6 +17,8 @@ _BLOCK = 1 << 24
 
 # Files a ctrtrain tool writes beside data (never data themselves).
 METADATA_NAMES = (MANIFEST_NAME, "vocab.json", "split.json")
+# What marks a directory as a ctrtrain tool's output (convert/featurize, split, synth).
+OUTPUT_MARKERS = (MANIFEST_NAME, "split.json", "synth.json")
 
 
 def list_inputs(paths: list[str] | str) -> list[str]:
@@ -165,8 +167,7 @@ def check_not_input(out: str | os.PathLike, inputs, what: str = "output") -> Non
 
 def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool, inputs=()) -> Path:
     """An output directory must be new or empty, or -- with overwrite -- a ctrtrain output
-    (it holds a manifest or split.json) that is none of the inputs: never an arbitrary
-    directory, never mixed."""
+    (OUTPUT_MARKERS) that is none of the inputs: never an arbitrary directory, never mixed."""
     out = Path(out_dir)
     check_not_input(out, inputs, "output directory")
     if out.exists() and not out.is_dir():
@@ -175,9 +176,9 @@ def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool, inputs=()) -
         if not overwrite:
             raise DataError("output directory is not empty (pass --overwrite to replace it)",
                             path=str(out))
-        if not any((out / n).exists() for n in (MANIFEST_NAME, "split.json")):
+        if not any((out / n).exists() for n in OUTPUT_MARKERS):
             raise DataError("--overwrite replaces only an empty directory or a ctrtrain output "
-                            "(one with a manifest.json or split.json); this one is neither, so "
+                            f"(one with a {', '.join(OUTPUT_MARKERS)}); this one is neither, so "
                             "it is left as it is", path=str(out))
         shutil.rmtree(out.resolve() if out.is_symlink() else out)
     out.mkdir(parents=True, exist_ok=True)
