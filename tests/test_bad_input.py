@@ -406,8 +406,6 @@ def test_inputs_that_used_to_end_in_a_traceback(tmp_path, data, model, shared):
                                          '"categorical": ["C1"]}, "mode": "vocab", '
                                          '"min_count": 1, "hash_buckets": 0, "values": [1, 2]}')
     (tmp_path / "a-file").write_text("x")
-    (tmp_path / "no-manifest").mkdir()
-    shutil.copy(t / "part-00000-of-00004.tfrecord", tmp_path / "no-manifest")
     corrupt_valid = tmp_path / "valid"
     shutil.copytree(data / "tf" / "valid", corrupt_valid)
     f = corrupt_valid / "part-00001-of-00002.tfrecord"
@@ -424,8 +422,6 @@ def test_inputs_that_used_to_end_in_a_traceback(tmp_path, data, model, shared):
         (["data", "split", day, "--out", tmp_path / "a-file"], "exists and is not a directory"),
         (["data", "convert", day, "--field-size", 39, "--out", tmp_path / "a-file" / "x"],
          "a-file"),
-        (["predict", "--model", model / "export", "--input", tmp_path / "no-manifest",
-          "--out", tmp_path / "p.csv"], "a directory without manifest.json"),
         (["train", "--train", t, "--valid", corrupt_valid, "--model-dir", tmp_path / "m",
           "--steps", 1, "--quiet"], f"{f}: sha256 does not match"),
         (["launch", tmp_path / "deep.yaml"], "nested too deeply"),

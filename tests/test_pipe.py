@@ -148,7 +148,8 @@ def test_allreduce_ranks_share_pipe_streams_and_a_short_stream_fails_fast(tmp_pa
 ])
 def test_pipe_settings_that_cannot_work_are_refused_before_anything_starts(tmp_path, over, message):
     from ctrtrain.errors import ConfigError
-    from ctrtrain.train.loop import TrainConfig, train
+    from ctrtrain.train import train
+    from ctrtrain.train.config import TrainConfig
     cfg = TrainConfig(str(tmp_path / "training"), str(tmp_path / "model"), input_mode="Pipe",
                       **{"field_size": 39, "feature_size": 1000, **over})
     with pytest.raises(ConfigError, match=message):

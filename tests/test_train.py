@@ -26,7 +26,8 @@ def train_args(root, model_dir, *extra):
 
 def test_reaches_the_bayes_optimal_auc_on_synthesized_data(synth, tmp_path):
     root, info = synth
-    from ctrtrain.train.loop import TrainConfig, train
+    from ctrtrain.train import train
+    from ctrtrain.train.config import TrainConfig
     r = train(TrainConfig(train_dir=str(root / "tf" / "train"), valid_dir=str(root / "tf" / "valid"),
                           test_dir=str(root / "tf" / "test"), model_dir=str(tmp_path / "m"),
                           epochs=1, batch_size=512, progress=False))

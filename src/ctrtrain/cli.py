@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from .errors import CtrError
 
@@ -31,13 +32,6 @@ def _number(kind, low, high=None, low_open=False):
 POSITIVE = _number(int, 1)
 NON_NEGATIVE = _number(int, 0)
 SECONDS = _number(float, 0)
-
-
-def _drop_rate(text: str) -> float:
-    v = _number(float, 0)(text)
-    if v >= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a drop rate in [0, 1)")
-    return v
 
 
 def _ints(text: str) -> list[int]:
@@ -299,7 +293,6 @@ def cmd_bench_train(a):
 def cmd_bench_profile(a):
     from .bench.profile import print_profile, profile_step
     from .bench.train_bench import prepare_reference_data
-    from pathlib import Path
     data = a.data or str(prepare_reference_data(Path(a.work_dir), a.rows, a.feature_size))
     p = profile_step(data, mixed_precision=a.mixed_precision)
     print_profile(p)
@@ -313,58 +306,49 @@ def cmd_bench_data(a):
                    json_path=a.json)
 
 
+FLAG_NAMES = {"train_dir": "--train", "valid_dir": "--valid", "test_dir": "--test"}
+THREAD_FLAGS = ("intra_op_threads", "inter_op_threads", "data_threads")
+
+
+def _flag_type(f):
+    """argparse type from a setting's parser (its ValueError becomes argparse's message)."""
+    def parse(text):
+        try:
+            return f.metadata["parse"](text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = f.name
+    return parse
+
+
 def _train_commands(sub):
-    from .train.loop import TrainConfig
-    d = TrainConfig("", "")
+    from .train.config import SECTIONS, TrainConfig, table
+    d = TrainConfig()
     p = sub.add_parser("train", help="train DeepFM on one host (evaluate, checkpoint, export)",
-                       description="Train DeepFM with a custom tf.function loop. Re-running the "
-                                   "same command resumes from the last checkpoint.")
-    p.add_argument("--train", required=True, dest="train_dir", help="training data directory")
-    p.add_argument("--valid", dest="valid_dir", help="validation data directory")
-    p.add_argument("--test", dest="test_dir", help="test data directory")
-    p.add_argument("--model-dir", required=True, help="checkpoints, logs, metrics and export")
-    g = p.add_argument_group("model")
-    g.add_argument("--feature-size", type=POSITIVE, default=None,
-                   help="embedding table rows (default: the data's; larger leaves room for new ids)")
-    g.add_argument("--embedding-size", type=POSITIVE, default=d.embedding_size)
-    g.add_argument("--deep-layers", type=_ints, default=list(d.deep_layers), help="e.g. 256,128,64")
-    g.add_argument("--dropout", type=_drop_rate, default=d.dropout,
-                   help="drop rate of deep layers")
-    g.add_argument("--batch-norm", action="store_true")
-    g.add_argument("--l2-reg", type=_number(float, 0), default=d.l2_reg)
-    g.add_argument("--optimizer", choices=["adam", "adagrad", "ftrl", "sgd", "momentum"], default=d.optimizer)
-    g.add_argument("--learning-rate", type=_number(float, 0, low_open=True), default=d.learning_rate)
-    g = p.add_argument_group("schedule")
-    g.add_argument("--batch-size", type=POSITIVE, default=None,
-                   help=f"default: the tuned one (ctrtrain tune), else {d.batch_size}")
-    g.add_argument("--epochs", type=_number(float, 0, low_open=True), default=d.epochs)
-    g.add_argument("--steps", type=POSITIVE, default=None, help="overrides --epochs")
-    g.add_argument("--shuffle-buffer", type=NON_NEGATIVE, default=d.shuffle_buffer)
-    g.add_argument("--cache", action="store_true", help="keep the training records in memory")
-    g.add_argument("--log-every", type=POSITIVE, default=d.log_every)
-    g.add_argument("--eval-every", type=NON_NEGATIVE, default=d.eval_every)
-    g.add_argument("--early-stopping", type=NON_NEGATIVE, default=d.early_stopping, metavar="EVALS")
-    g.add_argument("--checkpoint-every", type=NON_NEGATIVE, default=d.checkpoint_every, metavar="STEPS")
-    g.add_argument("--checkpoint-secs", type=SECONDS, default=d.checkpoint_secs)
-    g.add_argument("--keep-checkpoints", type=POSITIVE, default=d.keep_checkpoints)
-    g = p.add_argument_group("speed")
-    g.add_argument("--xla", action="store_true", help="XLA-compile the dense MLP (the sparse part has dynamic shapes)")
-    g.add_argument("--mixed-precision", action="store_true", help="bfloat16 MLP compute")
-    g.add_argument("--intra-op-threads", type=NON_NEGATIVE, default=0, help="0 = automatic")
-    g.add_argument("--inter-op-threads", type=NON_NEGATIVE, default=0)
-    g.add_argument("--data-threads", type=NON_NEGATIVE, default=0)
-    g = p.add_argument_group("distribution (multi-process modes run through `ctrtrain launch`)")
-    g.add_argument("--mode", choices=["single", "mirrored"], default="single",
-                   help="mirrored: MirroredStrategy over this host's GPUs, or --devices logical CPUs")
-    g.add_argument("--devices", type=POSITIVE, default=d.devices)
-    g.add_argument("--scale-lr", action="store_true",
-                   help="multiply the learning rate by the replicas (the global batch grows with them)")
-    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
-    p.add_argument("--fresh", action="store_true",
-                   help="start over: delete the model directory's checkpoints, logs and export "
-                        "(default: resume from its last checkpoint)")
-    p.add_argument("--no-export", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+                       description="Train DeepFM. Every setting has a flag (below, with its "
+                       "default) and a key in a --config file; flags override the file. "
+                       "Re-running the same command resumes from the last checkpoint "
+                       "(--fresh starts over). The resolved configuration is written to "
+                       "<model-dir>/config.yaml and re-runs the same training.")
+    p.add_argument("--config", default=argparse.SUPPRESS,
+                   help="a YAML configuration: settings by section (data, model, optimizer, "
+                        "schedule, distribution, output) or flat")
+    groups = {s: p.add_argument_group(s) for s in SECTIONS}
+    for f in table():
+        default = getattr(d, f.name)
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        if f.name == "batch_size":
+            shown = f"the tuned one (ctrtrain tune), else {default}"
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f"{f.metadata['help']} "
+                  f"(default: {shown})".replace("%", "%%"))
+        flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
+        if isinstance(default, bool):
+            groups[f.metadata["section"]].add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        else:
+            groups[f.metadata["section"]].add_argument(flag, type=_flag_type(f), **kw)
+    for name in THREAD_FLAGS:
+        groups["distribution"].add_argument("--" + name.replace("_", "-"), type=NON_NEGATIVE,
+                                            default=0, help="0 = automatic (default: 0)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("predict", help="batch inference with an exported SavedModel")
@@ -379,27 +363,26 @@ def _train_commands(sub):
 
 
 def train_config_from_args(a):
-    from .train.loop import TrainConfig
+    """Defaults < the --config file < flags; the batch size, when given nowhere, is the tuned
+    one (ctrtrain tune)."""
+    from .errors import ConfigError
+    from .train.config import TrainConfig, load_config_file, table
     from .train.threads import ThreadConfig
     from .train.tuned import tuned_settings
-    if a.batch_size is None:
-        a.batch_size = tuned_settings().get("batch_size") or TrainConfig("", "").batch_size
-    return TrainConfig(
-        train_dir=a.train_dir, model_dir=a.model_dir, valid_dir=a.valid_dir, test_dir=a.test_dir,
-        feature_size=a.feature_size, embedding_size=a.embedding_size, deep_layers=tuple(a.deep_layers), dropout=a.dropout,
-        batch_norm=a.batch_norm, l2_reg=a.l2_reg, optimizer=a.optimizer,
-        learning_rate=a.learning_rate, batch_size=a.batch_size, epochs=a.epochs, steps=a.steps,
-        shuffle_buffer=a.shuffle_buffer, cache=a.cache, log_every=a.log_every,
-        eval_every=a.eval_every, early_stopping=a.early_stopping,
-        checkpoint_every=a.checkpoint_every, checkpoint_secs=a.checkpoint_secs,
-        keep_checkpoints=a.keep_checkpoints, xla=a.xla, mixed_precision=a.mixed_precision,
-        threads=ThreadConfig(a.intra_op_threads, a.inter_op_threads, a.data_threads),
-        seed=a.seed, export=not a.no_export, progress=not a.quiet, quiet=a.quiet,
-        mode=a.mode, devices=a.devices, scale_lr=a.scale_lr, fresh=a.fresh)
+    values = load_config_file(a.config) if hasattr(a, "config") else {}
+    values.update({f.name: getattr(a, f.name) for f in table() if hasattr(a, f.name)})
+    for name, flag in (("train_dir", "--train"), ("model_dir", "--model-dir")):
+        if not values.get(name):
+            raise ConfigError(f"{flag} is required (a flag, or {name} in the --config file)")
+    if "batch_size" not in values and tuned_settings().get("batch_size"):
+        values["batch_size"] = tuned_settings()["batch_size"]
+    values.setdefault("progress", not values.get("quiet", False))
+    return TrainConfig(**values, threads=ThreadConfig(a.intra_op_threads, a.inter_op_threads,
+                                                      a.data_threads))
 
 
 def cmd_train(a):
-    from .train.loop import train
+    from .train import train
     r = train(train_config_from_args(a))
     for split in ("valid", "test"):
         if r.get(split):
@@ -407,6 +390,13 @@ def cmd_train(a):
                   f"({r[split]['examples']:,} examples)")
     if r.get("export"):
         print(f"exported SavedModel: {r['export']}")
+    if r.get("predictions"):
+        print(f"test predictions: {r['predictions']}")
+    eps = r.get("examples_per_s")
+    print(f"summary: {r['step']} steps, " + (f"{eps:,.0f} examples/s after warm-up, " if eps else "")
+          + f"input-bound {r['input_bound']:.1%}"
+          + (f", test AUC {r['test']['auc']:.4f} logloss {r['test']['logloss']:.4f}"
+             if r.get("test") else ""))
 
 
 def cmd_predict(a):
@@ -512,7 +502,6 @@ def cmd_run(a):
             {"role": p.role, "index": p.index, "rank": p.rank, "address": p.address,
              "tf_config": p.tf_config} for p in r.processes]}, indent=2))
         return
-    from pathlib import Path
 
     from .cluster.plan import default_processing_mode
     from .cluster.run import check_ports

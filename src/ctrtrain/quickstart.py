@@ -30,7 +30,8 @@ def quickstart(work_dir: str = "runs/quickstart", rows: int = 600_000,
         validate(work / "tfrecord" / split)
         print(describe(work / "tfrecord" / split))
     print(f"[3/5] training DeepFM for {epochs:g} epochs", flush=True)
-    from .train.loop import TrainConfig, train
+    from .train import train
+    from .train.config import TrainConfig
     model_dir = work / "model"
     shutil.rmtree(model_dir, ignore_errors=True)  # the demo starts afresh every time
     r = train(TrainConfig(train_dir=str(work / "tfrecord" / "train"),

@@ -53,7 +53,8 @@ def _run_worker(kind: str, params: dict) -> dict:
 
 
 def _train_worker(p: dict) -> dict:
-    from ..train.loop import TrainConfig, train
+    from ..train import train
+    from ..train.config import TrainConfig
     from ..train.threads import ThreadConfig
     with tempfile.TemporaryDirectory() as md:
         cfg = TrainConfig(

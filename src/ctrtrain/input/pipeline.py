@@ -165,10 +165,11 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
 
 
 def dataset_from_dir(data_dir, cfg: PipelineConfig = PipelineConfig(), **kwargs):
-    """make_dataset over a ctrtrain data directory (TFRecord or libsvm), from its manifest."""
-    from ..data.manifest import read_manifest
-    m = read_manifest(data_dir)
+    """make_dataset over a data directory (TFRecord or libsvm), from its manifest -- or over
+    files, a glob or a directory without one, indexed first (data/index.py)."""
+    from ..data.index import resolve_source
+    m, root = resolve_source(data_dir)
     if m.format == "libsvm":
         cfg = dataclasses.replace(cfg, label_format=m.label_format)
-    return make_dataset(m.paths(data_dir), m.field_size, fmt=m.format, compression=m.compression,
+    return make_dataset(m.paths(root), m.field_size, fmt=m.format, compression=m.compression,
                         cfg=cfg, **kwargs), m

@@ -33,12 +33,18 @@ class DeepFMConfig:
     field_size: int
     embedding_size: int = 16
     deep_layers: tuple[int, ...] = (256, 128, 64)
-    dropout: float = 0.0          # drop *rate* of the deep layers' outputs
+    dropout: float | tuple[float, ...] = 0.0   # drop *rate* of the deep layers' outputs (or
+                                               # one per layer)
     batch_norm: bool = False
-    l2_reg: float = 1e-6          # on the looked-up rows and on the MLP kernels
+    l2_reg: float = 1e-6          # on the looked-up rows (and the MLP kernels: l2_dense None)
     mixed_precision: bool = False # bfloat16 MLP compute, float32 master weights
     xla: bool = False             # XLA-compile the MLP (the sparse part has dynamic shapes)
     seed: int = 0
+    l2_dense: float | None = None # on the MLP kernels; None: l2_reg
+
+    def rates(self) -> tuple[float, ...]:
+        d = self.dropout
+        return tuple(d) if isinstance(d, (tuple, list)) else (float(d),) * len(self.deep_layers)
 
 
 class DeepFM(tf.Module):
@@ -96,12 +102,14 @@ class DeepFM(tf.Module):
         deep = self._mlp(tf.reshape(scaled, [-1, cfg.field_size * (1 + cfg.embedding_size)]), training)
         logits = self.bias + first + fm + deep
         l2 = 0.0
+        l2_dense = cfg.l2_reg if cfg.l2_dense is None else cfg.l2_dense
         if cfg.l2_reg:
             batch = tf.cast(tf.shape(ids)[0], tf.float32)
             # On the distinct rows the batch used (not on the whole table, which would make
-            # every step O(table)), and on the MLP kernels.
-            l2 = cfg.l2_reg * (tf.reduce_sum(tf.square(table_rows)) / batch
-                               + tf.add_n([tf.reduce_sum(tf.square(k)) for k in self.kernels]))
+            # every step O(table)).
+            l2 = cfg.l2_reg * tf.reduce_sum(tf.square(table_rows)) / batch
+        if l2_dense:
+            l2 = l2 + l2_dense * tf.add_n([tf.reduce_sum(tf.square(k)) for k in self.kernels])
         return logits, l2
 
 
@@ -118,8 +126,9 @@ class DeepFM(tf.Module):
                 if self.bn:
                     h = tf.cast(self.bn[i](tf.cast(h, tf.float32), training), dtype)
                 h = tf.nn.relu(h)
-                if training and cfg.dropout > 0:
-                    h = tf.nn.dropout(h, rate=cfg.dropout)
+                rate = cfg.rates()[i]
+                if training and rate > 0:
+                    h = tf.nn.dropout(h, rate=rate)
         return tf.cast(h[:, 0], tf.float32)
 
 

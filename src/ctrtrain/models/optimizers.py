@@ -116,9 +116,10 @@ class Adagrad(Optimizer):
     slot_names = ("accumulator",)
     slot_init = {"accumulator": 0.1}
 
-    def __init__(self, learning_rate=0.05, epsilon=1e-7, name="adagrad"):
+    def __init__(self, learning_rate=0.05, epsilon=1e-7, initial_accumulator=0.1, name="adagrad"):
         super().__init__(learning_rate, name)
         self.epsilon = epsilon
+        self.slot_init = {"accumulator": initial_accumulator}
 
     def _dense(self, var, grad):
         raw.ResourceApplyAdagradV2(var=var.handle, accum=self.slot(var, "accumulator").handle,
@@ -134,9 +135,11 @@ class Ftrl(Optimizer):
     slot_names = ("accumulator", "linear")
     slot_init = {"accumulator": 0.1}
 
-    def __init__(self, learning_rate=0.05, l1=0.0, l2=0.0, lr_power=-0.5, name="ftrl"):
+    def __init__(self, learning_rate=0.05, l1=0.0, l2=0.0, lr_power=-0.5, initial_accumulator=0.1,
+                 name="ftrl"):
         super().__init__(learning_rate, name)
         self.l1, self.l2, self.lr_power = l1, l2, lr_power
+        self.slot_init = {"accumulator": initial_accumulator}
 
     def _dense(self, var, grad):
         raw.ResourceApplyFtrl(var=var.handle, accum=self.slot(var, "accumulator").handle,
@@ -185,10 +188,12 @@ def _slot(var, name: str, shape, value: float):
 OPTIMIZERS = {"adam": Adam, "adagrad": Adagrad, "ftrl": Ftrl, "sgd": Momentum, "momentum": Momentum}
 
 
-def make_optimizer(name: str, learning_rate: float) -> Optimizer:
+def make_optimizer(name: str, learning_rate: float, **params) -> Optimizer:
+    """`params`: the optimizer's own settings (Adam's beta1, beta2, epsilon; Adagrad's and
+    FTRL's initial_accumulator; FTRL's l1, l2; momentum)."""
     from ..errors import ConfigError
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r} (allowed: {', '.join(OPTIMIZERS)})")
     if name == "sgd":
         return Momentum(learning_rate, momentum=0.0, name="sgd")
-    return OPTIMIZERS[name](learning_rate)
+    return OPTIMIZERS[name](learning_rate, **params)

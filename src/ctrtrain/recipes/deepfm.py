@@ -14,8 +14,6 @@ manifest, so the job gives `field_size` and `feature_size` (and `data_format` fo
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -23,40 +21,48 @@ import sys
 from pathlib import Path
 
 
-def parse_hyperparameters(argv):
-    from ..train.loop import TrainConfig
-    d = TrainConfig("", "")
-    p = argparse.ArgumentParser(prog="deepfm recipe")
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in ("train_dir", "model_dir", "valid_dir", "test_dir", "threads", "progress",
-                      "SHAPE_FIELDS", "mode", "read_plan", "data_service", "processing_mode",
-                      "input_mode"):
+THREAD_SETTINGS = ("intra_op_threads", "inter_op_threads", "data_threads")
+# Set by the job, not by hyperparameters: the data and model locations come from the
+# channels and SM_* directories, the mode from the distribution.
+FROM_THE_JOB = ("train_dir", "valid_dir", "test_dir", "model_dir", "mode")
+
+
+def parse_hyperparameters(argv) -> tuple[dict, dict]:
+    """(settings, thread settings) from `--name value` pairs, as SageMaker passes
+    hyperparameters, parsed by the configuration table (train/config.py): unknown names and
+    bad values are errors naming them; the public DeepFM sample's names (num_epochs,
+    log_steps) are aliases."""
+    from ..errors import ConfigError
+    from ..train.config import parse_value
+    if len(argv) % 2 or any(not a.startswith("--") for a in argv[::2]):
+        raise ConfigError(f"hyperparameters must be --name value pairs, got {argv[:6]}")
+    settings, threads = {}, {}
+    for key, value in zip(argv[::2], argv[1::2]):
+        name = key[2:].replace("-", "_")
+        if name in THREAD_SETTINGS:
+            threads[name] = int(value)
             continue
-        default = getattr(d, f.name)
-        if isinstance(default, bool):
-            p.add_argument(f"--{f.name}", type=lambda s: s.lower() in ("1", "true", "yes"),
-                           default=default)
-        elif isinstance(default, tuple):
-            p.add_argument(f"--{f.name}", type=lambda s: tuple(int(x) for x in s.strip("[]()").split(",")),
-                           default=default)
-        elif default is None:
-            p.add_argument(f"--{f.name}", type=int, default=None)
-        else:
-            p.add_argument(f"--{f.name}", type=type(default), default=default)
-    # Thread settings (0 = automatic: the launcher's share of the host, or the tuned values).
-    for name in ("intra_op_threads", "inter_op_threads", "data_threads"):
-        p.add_argument(f"--{name}", type=int, default=0)
-    return p.parse_args(argv)
+        if name in FROM_THE_JOB:
+            raise ConfigError(f"hyperparameter {name}: set by the job (its channels, output "
+                              "and distribution), not a hyperparameter")
+        name, parsed = parse_value(name, value)
+        settings[name] = parsed
+    return settings, threads
 
 
 def main(argv=None) -> int:
     from .. import heartbeat
     heartbeat.beat(force=True)   # alive before TensorFlow's start-up (seconds of silence)
     env = os.environ
-    hp = parse_hyperparameters(argv if argv is not None else sys.argv[1:])
     from ..data.sharding import plan_from_env
     from ..errors import CtrError
-    from ..train.loop import TrainConfig, train
+    try:
+        hps, thread_hps = parse_hyperparameters(argv if argv is not None else sys.argv[1:])
+    except CtrError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from ..train import train
+    from ..train.config import TrainConfig
     from ..train.runtime import detect_mode
     from ..train.threads import ThreadConfig
     from ..usage import print_usage
@@ -77,9 +83,10 @@ def main(argv=None) -> int:
         return 2
     output = Path(env.get("SM_OUTPUT_DIR", "output"))
     ckpt_dir = output.parent / "checkpoints"
-    hps = vars(hp)
-    threads = ThreadConfig(hps.pop("intra_op_threads"), hps.pop("inter_op_threads"),
-                           hps.pop("data_threads"))
+    threads = ThreadConfig(thread_hps.get("intra_op_threads", 0),
+                           thread_hps.get("inter_op_threads", 0), thread_hps.get("data_threads", 0))
+    if hps.get("predictions") == "auto":      # beside the model: it travels with model.tar.gz
+        hps["predictions"] = str(Path(env.get("SM_MODEL_DIR", "model")) / "predictions.csv")
     cfg = TrainConfig(train_dir=train_dir, valid_dir=channel("VALIDATION"),
                       test_dir=channel("TEST"), model_dir=str(ckpt_dir), progress=False,
                       input_mode=modes.get(train_channel) or "File",

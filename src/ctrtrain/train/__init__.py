@@ -1,1 +1,20 @@
-"""Training: loops per strategy, evaluation, checkpoints, export and batch prediction."""
+"""Training: the configuration (config.py), the controller that owns the loop
+(controller.py) and a trainer per distribution mode (sync.py, ps.py), evaluation, checkpoints,
+export and batch prediction."""
+
+from __future__ import annotations
+
+
+def train(cfg) -> dict:
+    """Trains as `cfg` says, in the mode it names; returns the run's result (result.json)."""
+    from .config import check_config
+    from .threads import apply_threads
+    check_config(cfg)
+    threads = apply_threads(cfg.threads)
+    if cfg.mode == "parameter_server":
+        from .ps import train_parameter_server
+        return train_parameter_server(cfg, threads)
+    from .runtime import make_runtime
+    from .sync import train_sync
+    rt = make_runtime(cfg.mode, cfg.sparse_reduce, cfg.devices)
+    return train_sync(cfg, threads, rt)

@@ -18,15 +18,12 @@ from .export import EXTRA, INFO, VOCAB, latest_export
 def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, vocab: str | None,
             has_label: bool, batch: int):
     """Yields (labels or None, ids, values) blocks in input order."""
-    from ..data.manifest import MANIFEST_NAME
     if input_format == "auto":
+        from ..data.index import detect_format
         first = inputs[0]
-        if os.path.isdir(first) and os.path.exists(os.path.join(first, MANIFEST_NAME)):
-            input_format = "dir"
-        elif os.path.isdir(first):
-            raise DataError(f"a directory without {MANIFEST_NAME} (not a ctrtrain data "
-                            "directory): give its files, or convert it first", path=first)
-        elif first.endswith((".tfrecord", ".tfrecord.gz")):
+        if os.path.isdir(first):
+            input_format = "dir"     # with its manifest, or indexed now (data/index.py)
+        elif detect_format(first)[0] == "tfrecord":
             input_format = "tfrecord"
         else:
             with open(first, "rb") as f:
@@ -46,8 +43,9 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
             field_size, paths, comp, fmt, labels = (m.field_size, m.paths(inputs[0]),
                                                     m.compression, m.format, m.label_format)
         else:
+            from ..data.index import detect_format
             field_size, paths, fmt, labels = info["field_size"], inputs, input_format, "01"
-            comp = "gzip" if inputs[0].endswith(".gz") else None
+            comp = detect_format(inputs[0])[1]
             ds = make_dataset(inputs, field_size, fmt=input_format, compression=comp, cfg=pcfg,
                               training=False)
         if field_size != info["field_size"]:

@@ -19,24 +19,28 @@ example once. Without a service (a bare TF_CONFIG cluster) each worker reads the
 its own random order, TensorFlow's default setup, which samples rather than sweeps the data
 and trains a little worse (docs/benchmarks.md). Asynchronous updates are noisier than
 synchronous ones: a smaller learning rate may be needed for the same quality.
+
+The controller (controller.py) runs this mode like every other: log windows, checkpoints,
+evaluation and early stopping, stop requests. Each worker times its own input wait and compute
+(`tf.timestamp` around `next(iterator)` and the step) into variables on a server, which the
+chief reads at each window: the same input-bound share as the synchronous modes report.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import math
-import time
 
 import tensorflow as tf
 
 from ..errors import ConfigError
 from .. import heartbeat
-from .loop import (NonFiniteLoss, _MetricsLog, _evaluate, _finish, _prepare_model_dir,
-                   announce_resume, check_data, data_fingerprint, model_config, planned_steps,
-                   restore_checkpoint, saved_at, training_dataset,
-                   write_checkpoint)
-from .stop import Interrupted, StopRequests
+from .config import model_config, optimizer_params
+from .controller import Controller, StepStats, finish
+from .inputs import check_data, planned_steps, schedule_of, train_read_error, training_dataset
+from .metrics_log import MetricsLog
+from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
+                        restore_checkpoint, saved_at, write_checkpoint)
 
 MIN_SHARD_BYTES = 64 << 10    # below this a variable stays whole on one server
 
@@ -59,8 +63,57 @@ def bytes_per_server(variables) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+class PSTrainer:
+    """Schedules steps on the workers and joins them at every boundary the controller sets."""
+
+    def __init__(self, cfg, coordinator, worker_step, iterator, model, opt, manager, stats,
+                 start_step: int, log, feature_size: int, explain):
+        from .evaluate import make_predict_fn
+        self.cfg, self.coordinator, self.worker_step, self.it = cfg, coordinator, worker_step, iterator
+        self.model, self.opt, self.manager, self.stats = model, opt, manager, stats
+        self.step, self.log, self.feature_size, self.explain = start_step, log, feature_size, explain
+        self.predict = make_predict_fn(model)
+        self._seen = self._read()
+
+    def _read(self):
+        return [float(v.numpy()) for v in self.stats]
+
+    def train_steps(self, n: int, stop) -> StepStats:
+        scheduled = 0
+        for _ in range(n):
+            if stop():
+                break
+            self.coordinator.schedule(self.worker_step, args=(self.it,))
+            scheduled += 1
+            heartbeat.beat()
+        try:
+            self.coordinator.join()
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            raise self.explain(e) from None
+        now = self._read()
+        loss, steps, wait, compute = (a - b for a, b in zip(now, self._seen))
+        self._seen = now
+        self.step += scheduled
+        # A step in flight on a worker that died runs again elsewhere: count what was scheduled.
+        return StepStats(scheduled, loss * scheduled / steps if steps else 0.0, wait, compute)
+
+    def save(self, step: int) -> None:
+        self.coordinator.join()
+        write_checkpoint(self.manager, step)
+        self.log.event("checkpoint", step=step)
+
+    def save_final(self, step: int) -> None:
+        if not saved_at(self.manager, step):
+            self.save(step)
+
+    def evaluate(self, name: str, step: int, keep: bool = False):
+        from .evaluate import evaluate_split
+        split_dir = self.cfg.valid_dir if name == "valid" else self.cfg.test_dir
+        return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
+                              keep=keep)
+
+
 def train_parameter_server(cfg, threads) -> dict:
-    from .evaluate import make_predict_fn
     from .step import build_training
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -77,19 +130,20 @@ def train_parameter_server(cfg, threads) -> dict:
 
     m, feature_size = check_data(cfg)
     total_steps = planned_steps(cfg, m.records, cfg.batch_size, f"batch_size {cfg.batch_size}")
-    md = _prepare_model_dir(cfg, feature_size, m.field_size,
-                            train_data=data_fingerprint(m, cfg.train_dir))
+    schedule = schedule_of(cfg, total_steps, m.records, cfg.batch_size)
+    md = prepare_model_dir(cfg, feature_size, m.field_size,
+                           train_data=data_fingerprint(m, cfg.train_dir))
     with strategy.scope():
         model, opt, replica_step, variables = build_training(
             model_config(cfg, feature_size, m.field_size), cfg.optimizer, cfg.learning_rate,
-            compile_step=False)
+            compile_step=False, optimizer_params=optimizer_params(cfg))
     slots = [s for d in opt.slots for s in d.values()]
     load = bytes_per_server(variables + slots + [opt.iterations])
     print("parameter-server load (bytes of variables and optimizer slots): "
           + ", ".join(f"{k} {v:,}" for k, v in load.items() if "/job:ps" in k), flush=True)
 
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
-    log = _MetricsLog(md, not cfg.quiet)
+    log = MetricsLog(md, not cfg.quiet)
     announce_resume(log, md, start_step, total_steps)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=m.records, mode=cfg.mode,
@@ -98,17 +152,27 @@ def train_parameter_server(cfg, threads) -> dict:
               feature_size=m.feature_size, field_size=m.field_size)
 
     with strategy.scope():
-        # Loss sums kept on a server and read by the chief at log time: fetching every step's
+        # Sums kept on a server and read by the chief at log time: fetching every step's
         # RemoteValue copies it worker -> chief, a path that failed under load here with TF
         # 2.21 ("invalid UTF-8" in a serialized device name), and costs a round trip per step.
-        loss_sum = tf.Variable(0.0, trainable=False, name="loss_sum")
-        loss_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_steps")
+        stats = [tf.Variable(0.0, dtype=tf.float64, trainable=False, name=n)
+                 for n in ("loss_sum", "loss_steps", "input_wait_s", "compute_s")]
+    loss_sum, loss_steps, wait_s, compute_s = stats
 
     @tf.function
     def worker_step(iterator):
-        loss = strategy.run(replica_step, args=(next(iterator),))
-        loss_sum.assign_add(loss)
-        loss_steps.assign_add(1)
+        t0 = tf.timestamp()
+        with tf.control_dependencies([t0]):
+            batch = next(iterator)
+        with tf.control_dependencies(tf.nest.flatten(batch)):
+            t1 = tf.timestamp()
+        loss = strategy.run(replica_step, args=(batch,))
+        with tf.control_dependencies([loss]):
+            t2 = tf.timestamp()
+        loss_sum.assign_add(tf.cast(loss, tf.float64))
+        loss_steps.assign_add(1.0)
+        wait_s.assign_add(t1 - t0)
+        compute_s.assign_add(t2 - t1)
 
     if not cfg.data_service:
         print("warning: no tf.data service: each worker samples the whole training set in its "
@@ -116,55 +180,13 @@ def train_parameter_server(cfg, threads) -> dict:
     # seed None: without a service every worker shuffles differently.
     per_worker = coordinator.create_per_worker_dataset(
         lambda: training_dataset(dataclasses.replace(cfg, read_plan=None), m, cfg.batch_size, 0, None))
-    it = iter(per_worker)
-    predict = make_predict_fn(model)
-
-    step, windows = start_step, []
-    t_window, seen_sum, seen_steps = time.perf_counter(), 0.0, 0
-    last_ckpt = time.monotonic()
-    stop = StopRequests().__enter__()
-    while step < total_steps:
-        heartbeat.beat()
-        if stop.signum is not None:
-            coordinator.join()
-            step = int(opt.iterations.numpy())
-            write_checkpoint(manager, step)
-            log.event("stopped", step=step, signal=stop.signum)
-            stop.__exit__()
-            raise Interrupted(stop.signum, step, saved=True)
-        coordinator.schedule(worker_step, args=(it,))
-        step += 1
-        boundary = step % cfg.log_every == 0 or step == total_steps
-        ckpt_due = (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or \
-            (cfg.checkpoint_secs and time.monotonic() - last_ckpt >= cfg.checkpoint_secs)
-        eval_due = cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps
-        if boundary or ckpt_due or eval_due:
-            coordinator.join()
-            now = time.perf_counter()
-            if boundary:
-                total, done = float(loss_sum.numpy()), int(loss_steps.numpy())
-                n = max(1, done - seen_steps)
-                if not math.isfinite(total):
-                    raise NonFiniteLoss(f"the training loss became {total} by step {step}: the "
-                                        "model diverged or the data holds extreme values; not "
-                                        "checkpointed", path=cfg.train_dir)
-                w = {"step": step, "loss": (total - seen_sum) / n, "steps": n,
-                     "seconds": now - t_window, "examples_per_s": n * cfg.batch_size / (now - t_window)}
-                windows.append(w)
-                log.event("train", **w)
-                t_window, seen_sum, seen_steps = now, total, done
-            if ckpt_due:
-                write_checkpoint(manager, step)
-                last_ckpt = time.monotonic()
-                log.event("checkpoint", step=step)
-            if eval_due:
-                _evaluate(cfg, predict, cfg.valid_dir, "valid", step, log, feature_size)
-    stop.__exit__()
+    trainer = PSTrainer(cfg, coordinator, worker_step, iter(per_worker), model, opt, manager,
+                        stats, start_step, log, feature_size,
+                        lambda e: train_read_error(e, cfg, m, feature_size))
+    outcome = Controller(trainer, schedule, log, global_batch=cfg.batch_size,
+                         data_name=cfg.train_dir, progress=cfg.progress).run()
     coordinator.join()
-    step = int(opt.iterations.numpy())
-    if not saved_at(manager, step):
-        write_checkpoint(manager, step)
-    return _finish(cfg, model, m, feature_size, md, predict, log, step,
-                   {"total_steps": total_steps, "resumed_from": start_step, "stopped_early": False,
-                    "mode": cfg.mode, "workers": num_workers, "parameter_servers": num_ps,
-                    "ps_bytes": load, "windows": windows})
+    return finish(cfg, trainer, log, outcome, manifest=m, feature_size=feature_size,
+                  model_dir=md, result={"total_steps": total_steps, "resumed_from": start_step,
+                                        "mode": cfg.mode, "workers": num_workers,
+                                        "parameter_servers": num_ps, "ps_bytes": load})

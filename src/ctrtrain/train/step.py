@@ -10,13 +10,13 @@ from ..models.optimizers import make_optimizer
 
 
 def build_training(model_cfg: DeepFMConfig, optimizer: str, learning_rate: float, runtime=None,
-                   compile_step: bool = True):
+                   compile_step: bool = True, optimizer_params: dict | None = None):
     """(model, opt, train_step, variables); train_step(batch) applies one update and returns
     the mean loss. Call inside runtime.scope(). `runtime` (train/runtime.py) says how replicas
     combine gradients; None = one process, one replica. With compile_step=False the step is
     the per-replica function, for callers that schedule it themselves (parameter servers)."""
     model = DeepFM(model_cfg)
-    opt = make_optimizer(optimizer, learning_rate)
+    opt = make_optimizer(optimizer, learning_rate, **(optimizer_params or {}))
     variables = model.embedding_tables + model.dense_variables()
     opt.build(variables, tables=model.embedding_tables)
     replicas = runtime.replicas if runtime else 1

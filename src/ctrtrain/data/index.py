@@ -1,0 +1,159 @@
+"""Data from another pipeline: TFRecord files in the fixed-field schema (`label`, `ids[F]`,
+`values[F]`) or libsvm text, with no manifest. `index_files` reads them once and makes the
+manifest a reader needs -- format recognised from the bytes, field_size from the records,
+record counts, positives, sizes and checksums, feature_size = largest id + 1 unless given --
+so `train`, `predict` and `bench` take directories, files or globs alike (`resolve_source`),
+and `ctrtrain data index` writes that manifest into the directory once."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
+
+GLOB_CHARS = "*?["
+
+
+def detect_format(path: str) -> tuple[str, str | None]:
+    """(format, compression) of a data file from its first bytes."""
+    from .tfrecord import is_tfrecord
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head == b"\x1f\x8b":
+        return "tfrecord", "gzip"   # gzip: ctrtrain writes only TFRecords compressed
+    return ("tfrecord", None) if is_tfrecord(path) else ("libsvm", None)
+
+
+def _tfrecord_field_size(path: str, compression: str | None) -> int:
+    import tensorflow as tf
+    from .tfrecord import tf_compression
+    for raw in tf.data.TFRecordDataset(path, compression_type=tf_compression(compression)).take(1):
+        ex = tf.train.Example.FromString(raw.numpy())
+        feats = ex.features.feature
+        missing = [k for k in ("label", "ids", "values") if k not in feats]
+        if missing:
+            raise DataError(f"record 0 has no {', '.join(missing)} feature: not the fixed-field "
+                            "schema (label[1], ids[F], values[F])", path=path, record=0)
+        return len(feats["ids"].int64_list.value)
+    raise DataError("file holds no record", path=path)
+
+
+def _libsvm_field_size(path: str) -> int:
+    with open(path, "rb") as f:
+        first = f.readline()
+    n = len(first.split()) - 1
+    if n < 1:
+        raise DataError("first line holds no id:value pair", path=path, line=1)
+    return n
+
+
+def index_files(files: list[str], *, names: list[str] | None = None,
+                feature_size: int | None = None, label_format: str = "01") -> Manifest:
+    """A manifest of these files (each read once; a bad record is named). `names`: how the
+    manifest lists them (relative names inside a directory), default the paths as given."""
+    if not files:
+        raise DataError("no data files given")
+    kinds = {f: detect_format(f) for f in files}
+    fmts = {k[0] for k in kinds.values()}
+    comps = {k[1] for k in kinds.values()}
+    if len(fmts) > 1 or len(comps) > 1:
+        raise DataError("files of different formats in one data set: "
+                        + ", ".join(f"{Path(f).name} ({k[0]}{' gzip' if k[1] else ''})"
+                                    for f, k in list(kinds.items())[:4]))
+    fmt, comp = fmts.pop(), comps.pop()
+    field_size = (_tfrecord_field_size if fmt == "tfrecord" else
+                  lambda p, c: _libsvm_field_size(p))(files[0], comp)
+    entries, positives, max_id = [], 0, -1
+    for f, name in zip(files, names or files):
+        n, top, pos = _scan(f, fmt, field_size, comp, label_format)
+        max_id, positives = max(max_id, top), positives + pos
+        entries.append(FileEntry(name, n, os.path.getsize(f), sha256_file(f)))
+    if sum(e.records for e in entries) == 0:
+        raise DataError("the files hold no records", path=", ".join(files[:3]))
+    if feature_size is not None and max_id >= feature_size:
+        raise DataError(f"id {max_id} is outside [0, {feature_size})", path=", ".join(files[:3]))
+    return Manifest(fmt, field_size, feature_size or max_id + 1, entries, compression=comp,
+                    label_format=label_format, positives=positives,
+                    extra={"indexed": True, "feature_size_inferred": feature_size is None})
+
+
+def _scan(path, fmt, field_size, compression, label_format):
+    """(records, largest id, positives) of one file; the first bad record is an error."""
+    n, top, pos = 0, -1, 0
+    if fmt == "tfrecord":
+        from .tfrecord import read_rows
+        for rows in read_rows(path, field_size, compression):
+            bad = ~(np.isin(rows.labels, (0, 1)) & (rows.ids >= 0).all(1)
+                    & np.isfinite(rows.values).all(1))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise DataError(f"label {rows.labels[i]:g}, a negative id or a value that is not "
+                                "finite", path=path, record=n + i)
+            if len(rows):
+                top, pos = max(top, int(rows.ids.max())), pos + int(rows.labels.sum())
+            n += len(rows)
+        return n, top, pos
+    from .files import Segment, count_lines, read_line_blocks
+    from .libsvm import parse_libsvm
+    for first, text in read_line_blocks(Segment(path, 0, count_lines(path), 0), 50_000):
+        rows, bad = parse_libsvm(text, field_size, path=path, first_line=first + 1,
+                                 label_format=label_format)
+        if bad:
+            raise bad[0].as_error()
+        if len(rows):
+            top, pos = max(top, int(rows.ids.max())), pos + int(rows.labels.sum())
+        n += len(rows)
+    return n, top, pos
+
+
+def expand(spec: str) -> list[str]:
+    """A file, a glob, or a directory's data files (no manifest), sorted."""
+    from .files import list_inputs
+    if any(c in spec for c in GLOB_CHARS) and not os.path.exists(spec):
+        found = sorted(p for p in glob.glob(spec) if os.path.isfile(p))
+        if not found:
+            raise DataError("the pattern matches no file", path=spec)
+        return found
+    return list_inputs([spec])
+
+
+def resolve_source(spec: str, *, feature_size: int | None = None,
+                   label_format: str = "01") -> tuple[Manifest, str]:
+    """(manifest, directory its paths are relative to) of a data directory, files or glob. A
+    directory with a manifest is read as it is; anything else is indexed now (print a hint:
+    `ctrtrain data index` does it once)."""
+    spec = str(spec)
+    if os.path.isdir(spec) and os.path.exists(os.path.join(spec, MANIFEST_NAME)):
+        return read_manifest(spec), spec
+    files = [os.path.abspath(f) for f in expand(spec)]
+    key = (tuple(files), tuple(os.path.getmtime(f) for f in files), feature_size, label_format)
+    if key not in _INDEXED:
+        print(f"indexing {len(files)} file(s) of {spec} (no manifest; `ctrtrain data index` "
+              "writes one once)", flush=True)
+        _INDEXED[key] = index_files(files, feature_size=feature_size, label_format=label_format)
+    return _INDEXED[key], "/"
+
+
+_INDEXED: dict = {}   # this process's indexes (evaluation reads a split many times)
+
+
+def write_index(spec: str, *, feature_size: int | None = None, label_format: str = "01",
+                overwrite: bool = False) -> Path:
+    """`ctrtrain data index`: a manifest written beside the files (one directory)."""
+    files = [os.path.abspath(f) for f in expand(spec)]
+    parents = {str(Path(f).parent) for f in files}
+    if len(parents) != 1:
+        raise DataError("the files are in several directories; index each directory")
+    directory = Path(parents.pop())
+    if (directory / MANIFEST_NAME).exists() and not overwrite:
+        raise DataError(f"already has a {MANIFEST_NAME} (pass --overwrite to replace it)",
+                        path=str(directory))
+    m = index_files(files, names=[Path(f).name for f in files], feature_size=feature_size,
+                    label_format=label_format)
+    m.write(directory)
+    return directory / MANIFEST_NAME

@@ -1,0 +1,346 @@
+"""The training configuration, in one table.
+
+Every setting of a run is a field of `TrainConfig` with its section, default, parser and
+help (`setting(...)`). From that one table come
+
+- `ctrtrain train`'s flags, grouped by section, every default shown in `--help` (cli.py);
+- the DeepFM recipe's hyperparameters, flat as SageMaker passes them (`--name value`), with
+  the names the public SageMaker DeepFM sample uses accepted as aliases (recipes/deepfm.py);
+- configuration files (`ctrtrain train --config train.yaml`), nested by section or flat; flags
+  override the file; the resolved configuration is written to the model directory as
+  `config.yaml` and re-runs the same training;
+- the checks that refuse a bad value by name before anything starts (`check_config`; the
+  recipe and the Python API bypass the CLI's parser, so they end here too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import yaml
+
+from ..errors import ConfigError
+from .threads import ThreadConfig
+
+SECTIONS = ("data", "model", "optimizer", "schedule", "distribution", "output")
+OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "momentum")
+MODES = ("single", "mirrored", "allreduce", "horovod", "parameter_server")
+# The public SageMaker DeepFM sample's hyperparameter names for the same settings.
+ALIASES = {"num_epochs": "epochs", "log_steps": "log_every"}
+
+
+# -- parsers: text (a flag, a hyperparameter) or a native value (YAML) -> the field's value ------
+
+def _bool(v):
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{v!r} is not true or false")
+
+
+def _number(kind, low=None, low_open=False, high=None, optional=False):
+    def parse(v):
+        if optional and (v is None or str(v).strip().lower() in ("", "none", "null")):
+            return None
+        if isinstance(v, bool):
+            raise ValueError(f"{v!r} is not a number")
+        try:
+            x = kind(v) if kind is float or isinstance(v, int) else int(str(v).strip())
+        except (TypeError, ValueError):
+            raise ValueError(f"{v!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if kind is float and not math.isfinite(x):
+            raise ValueError(f"{v!r} is not a finite number")
+        if low is not None and (x <= low if low_open else x < low):
+            raise ValueError(f"{v} must be {'>' if low_open else '>='} {low}")
+        if high is not None and x > high:
+            raise ValueError(f"{v} must be <= {high}")
+        return x
+    return parse
+
+
+def _list(item, allow_scalar=False):
+    """"400,400,400", "[400, 400]", a YAML list, or (allow_scalar) one value."""
+    def parse(v):
+        if isinstance(v, (list, tuple)):
+            parts = list(v)
+        else:
+            parts = [p for p in str(v).strip().strip("[]()").split(",") if p.strip()]
+        if not parts:
+            raise ValueError(f"{v!r}: give one or more values")
+        out = tuple(item(p) for p in parts)
+        return out[0] if allow_scalar and len(out) == 1 and not isinstance(v, (list, tuple)) \
+            and "," not in str(v) else out
+    return parse
+
+
+def _drop_rate(v):
+    x = _number(float, 0)(v)
+    if x >= 1:
+        raise ValueError(f"{v} is not a drop rate in [0, 1)")
+    return x
+
+
+def _choice(*allowed, lower=True):
+    def parse(v):
+        text = str(v).strip().lower() if lower else str(v).strip()
+        if text not in allowed:
+            raise ValueError(f"{v!r} is not one of {', '.join(allowed)}")
+        return text
+    return parse
+
+
+def _schedule(v):
+    """Steps (`500`) or epochs (`0.5 epochs`, `1epoch`, `2e`); 0 = never."""
+    text = str(v).strip().lower().replace(" ", "")
+    for unit in ("epochs", "epoch", "e"):
+        if text.endswith(unit) and text[:-len(unit)]:
+            n = _number(float, 0, low_open=True)(text[:-len(unit)])
+            return f"{n:g} epochs"
+    return _number(int, 0)(v)
+
+
+def _path(v):
+    if v is None or str(v).strip() == "":
+        return None
+    return str(v)
+
+
+def setting(default, section: str, help: str, parse=None, *, cli: bool = True):
+    """A field of the table. parse=None: the runtime sets it (not a flag or hyperparameter)."""
+    return dataclasses.field(default=default, metadata={
+        "section": section, "help": help, "parse": parse, "cli": cli and parse is not None})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    # data
+    train_dir: str = setting("", "data", "training data: a data directory, TFRecord/libsvm "
+                             "files or a glob (File); a Pipe channel's FIFO prefix (Pipe)", _path)
+    model_dir: str = setting("", "output", "checkpoints, logs, metrics and export", _path)
+    valid_dir: str | None = setting(None, "data", "validation data (as --train)", _path)
+    test_dir: str | None = setting(None, "data", "test data (as --train)", _path)
+    feature_size: int | None = setting(
+        None, "data", "embedding table rows (default: the data's; larger leaves room for new "
+        "ids)", _number(int, 1, optional=True))
+    input_mode: str = setting("File", "data", "File | Pipe (set by the job)", None)
+    field_size: int | None = setting(None, "data", "fields per example: Pipe only (a stream has "
+                                     "no manifest)", _number(int, 1, optional=True))
+    data_format: str = setting("tfrecord", "data", "Pipe only: tfrecord | libsvm",
+                               _choice("tfrecord", "libsvm"))
+    label_format: str = setting("01", "data", "Pipe libsvm only: 01 | pm1", _choice("01", "pm1"))
+    shuffle_buffer: int = setting(10_000, "data", "records in the shuffle buffer (0: no "
+                                  "shuffling)", _number(int, 0))
+    cache: bool = setting(False, "data", "keep the training records in memory after the first "
+                          "epoch", _bool)
+    parse: str = setting("vectorized", "data", "input parsing: vectorized (batch, then parse) | "
+                         "scalar", _choice("vectorized", "scalar"))
+    # model
+    embedding_size: int = setting(16, "model", "k, the embedding width", _number(int, 1))
+    deep_layers: tuple[int, ...] = setting((256, 128, 64), "model", "MLP widths, e.g. 400,400,400",
+                                           _list(_number(int, 1)))
+    dropout: float | tuple[float, ...] = setting(
+        0.0, "model", "drop rate of the deep layers' outputs: one, or one per layer "
+        "(0.5,0.5,0.5). The TF1 sample's values are keep probabilities: give 1 - p",
+        _list(_drop_rate, allow_scalar=True))
+    batch_norm: bool = setting(False, "model", "batch normalization in the MLP", _bool)
+    l2_reg: float = setting(1e-6, "model", "L2 on the embedding rows a batch uses and on the MLP "
+                            "kernels", _number(float, 0))
+    l2_embedding: float | None = setting(None, "model", "L2 on the embedding rows only "
+                                         "(default: l2_reg)", _number(float, 0, optional=True))
+    l2_dense: float | None = setting(None, "model", "L2 on the MLP kernels only (default: "
+                                     "l2_reg)", _number(float, 0, optional=True))
+    xla: bool = setting(False, "model", "XLA-compile the MLP (the sparse part has dynamic shapes)",
+                        _bool)
+    mixed_precision: bool = setting(False, "model", "bfloat16 MLP compute", _bool)
+    # optimizer
+    optimizer: str = setting("adam", "optimizer", " | ".join(OPTIMIZERS), _choice(*OPTIMIZERS))
+    learning_rate: float = setting(1e-3, "optimizer", "learning rate (0 freezes the model)",
+                                   _number(float, 0))
+    adam_beta1: float = setting(0.9, "optimizer", "Adam's beta1", _number(float, 0, high=1))
+    adam_beta2: float = setting(0.999, "optimizer", "Adam's beta2", _number(float, 0, high=1))
+    adam_epsilon: float = setting(1e-7, "optimizer", "Adam's epsilon", _number(float, 0, low_open=True))
+    adagrad_initial_accumulator: float = setting(
+        0.1, "optimizer", "Adagrad's (and FTRL's) initial accumulator", _number(float, 0))
+    ftrl_l1: float = setting(0.0, "optimizer", "FTRL's L1", _number(float, 0))
+    ftrl_l2: float = setting(0.0, "optimizer", "FTRL's L2", _number(float, 0))
+    momentum: float = setting(0.9, "optimizer", "momentum (optimizer momentum)", _number(float, 0))
+    # schedule
+    batch_size: int = setting(1024, "schedule", "examples per step and replica", _number(int, 1))
+    epochs: float = setting(1.0, "schedule", "passes over the training data",
+                            _number(float, 0, low_open=True))
+    steps: int | None = setting(None, "schedule", "steps to train (overrides epochs)",
+                                _number(int, 1, optional=True))
+    log_every: int | str = setting(100, "schedule", "log window: steps, or '0.1 epochs'",
+                                   _schedule)
+    eval_every: int | str = setting(0, "schedule", "evaluate the validation split every N steps "
+                                    "or 'X epochs' (0: at the end only)", _schedule)
+    checkpoint_every: int | str = setting(1000, "schedule", "checkpoint every N steps or 'X "
+                                          "epochs' (0: at the end only)", _schedule)
+    checkpoint_secs: float = setting(0.0, "schedule", "also checkpoint after this many seconds "
+                                     "(0: off)", _number(float, 0))
+    keep_checkpoints: int = setting(3, "schedule", "checkpoints kept", _number(int, 1))
+    early_stopping: int = setting(0, "schedule", "stop after this many evaluations without a "
+                                  "better validation AUC (0: off)", _number(int, 0))
+    seed: int = setting(0, "schedule", "seed of initialisation and shuffling", _number(int, 0))
+    # distribution
+    mode: str = setting("single", "distribution", "single | mirrored (the multi-process modes run "
+                        "through `ctrtrain launch`, which sets them)", _choice(*MODES))
+    devices: int = setting(2, "distribution", "mirrored on a CPU-only host: logical CPU devices",
+                           _number(int, 1))
+    sparse_reduce: str = setting("gather", "distribution", "table gradients across replicas: "
+                                 "gather | dense", _choice("gather", "dense"))
+    scale_lr: bool = setting(False, "distribution", "multiply the learning rate by the replicas",
+                             _bool)
+    threads: ThreadConfig = dataclasses.field(default_factory=ThreadConfig,
+                                              metadata={"section": "distribution", "cli": False})
+    data_service: str | None = setting(None, "distribution", "grpc://dispatcher (set by the job)")
+    processing_mode: str = setting("parallel_epochs", "distribution", "tf.data service mode "
+                                   "(set by the job)")
+    read_plan: object = setting(None, "distribution", "this reader's part (set by the job)")
+    # output
+    export: bool = setting(True, "output", "export a SavedModel at the end", _bool)
+    predictions: str | None = setting(
+        None, "output", "write the test split's predictions (CSV row,prob,label) to this file; "
+        "'auto': <model-dir>/predictions.csv", _path)
+    progress: bool = setting(True, "output", "a progress bar on a terminal", None)
+    quiet: bool = setting(False, "output", "no console line per log window, evaluation or "
+                          "checkpoint", _bool)
+    fresh: bool = setting(False, "output", "start over: delete the model directory's earlier "
+                          "run (default: resume from its last checkpoint)", _bool)
+
+    # Fields that must match for a checkpoint to be resumed: the variables' shapes, and where
+    # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
+    SHAPE_FIELDS = ("embedding_size", "deep_layers", "batch_norm", "optimizer")
+    POSITION_FIELDS = ("batch_size", "seed", "shuffle_buffer", "cache", "mode", "train_data")
+
+    @property
+    def dropout_rates(self) -> tuple[float, ...]:
+        """One drop rate per deep layer."""
+        d = self.dropout
+        if isinstance(d, (int, float)):
+            return (float(d),) * len(self.deep_layers)
+        return tuple(float(x) for x in d)
+
+
+def table() -> list[dataclasses.Field]:
+    """The settings a user gives (flags, hyperparameters, config files), in table order."""
+    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("cli")]
+
+
+def field_named(name: str) -> dataclasses.Field:
+    name = ALIASES.get(name, name)
+    for f in table():
+        if f.name == name:
+            return f
+    known = ", ".join(f.name for f in table())
+    raise ConfigError(f"unknown setting {name!r} (known: {known}; aliases: "
+                      f"{', '.join(f'{a}={b}' for a, b in ALIASES.items())})")
+
+
+def parse_value(name: str, value):
+    """A setting's value from text or a native value, or a ConfigError naming it."""
+    f = field_named(name)
+    try:
+        return f.name, f.metadata["parse"](value)
+    except ValueError as e:
+        raise ConfigError(f"{f.name}: {e}") from None
+
+
+def settings_from_mapping(raw: dict, where: str) -> dict:
+    """{name: value} from a config file's mapping: nested by section or flat."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a configuration is a mapping of settings")
+    out = {}
+    for key, value in raw.items():
+        if key in SECTIONS and isinstance(value, dict):
+            for k, v in value.items():
+                name, parsed = parse_value(str(k), v)
+                if field_named(name).metadata["section"] != key:
+                    raise ConfigError(f"{where}: {k} belongs in section "
+                                      f"{field_named(name).metadata['section']}, not {key}")
+                out[name] = parsed
+        else:
+            name, parsed = parse_value(str(key), value)
+            out[name] = parsed
+    return out
+
+
+def load_config_file(path) -> dict:
+    from pathlib import Path
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {p} does not exist") from None
+    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as e:
+        raise ConfigError(f"configuration file {p} is not valid YAML: {str(e)[:200]}") from None
+    return settings_from_mapping(raw or {}, str(p))
+
+
+def resolved_yaml(cfg: TrainConfig) -> str:
+    """The configuration as a file that re-runs it: every setting, nested by section."""
+    out: dict = {s: {} for s in SECTIONS}
+    for f in table():
+        v = getattr(cfg, f.name)
+        out[f.metadata["section"]][f.name] = list(v) if isinstance(v, tuple) else v
+    return yaml.safe_dump(out, sort_keys=False)
+
+
+def check_config(cfg: TrainConfig):
+    """Every setting in range before anything starts: each is parsed again by its own parser
+    (the Python API can put anything in a field), then the cross-field rules."""
+    for f in table():
+        v = getattr(cfg, f.name)
+        if v is None and f.default is None:
+            continue
+        try:
+            f.metadata["parse"](list(v) if isinstance(v, tuple) else v)
+        except ValueError as e:
+            raise ConfigError(f"{f.name}: {e}") from None
+    if cfg.log_every == 0:
+        raise ConfigError("log_every: give steps >= 1 or epochs")
+    if isinstance(cfg.dropout, tuple) and len(cfg.dropout) != len(cfg.deep_layers):
+        raise ConfigError(f"dropout: {len(cfg.dropout)} rates for {len(cfg.deep_layers)} deep "
+                          "layers (give one, or one per layer)")
+    if cfg.input_mode not in ("File", "Pipe"):
+        raise ConfigError(f"input_mode must be File or Pipe, not {cfg.input_mode!r}")
+    if cfg.input_mode == "Pipe":
+        if not (cfg.field_size and cfg.feature_size):
+            raise ConfigError(f"Pipe channel {cfg.train_dir}: a stream carries no manifest; "
+                              "give field_size and feature_size")
+        if cfg.mode == "parameter_server":
+            raise ConfigError("mode parameter_server reads File channels: the chief defines "
+                              "every worker's dataset as a graph, and a Pipe channel's FIFO "
+                              "(read in Python, on one host) cannot run on a worker")
+        if cfg.data_service:
+            raise ConfigError("a Pipe channel cannot be read through tf.data service (its FIFO "
+                              "is on the training host, read in this process)")
+        if cfg.cache:
+            raise ConfigError("cache: a Pipe channel streams every epoch anew (the job's "
+                              "pipe_epochs); use a File channel to cache the data in memory")
+        for name in ("log_every", "eval_every", "checkpoint_every"):
+            if isinstance(getattr(cfg, name), str):
+                raise ConfigError(f"{name}: a Pipe stream has no known epoch length; give steps")
+
+
+def optimizer_params(cfg: TrainConfig) -> dict:
+    """The chosen optimizer's own settings."""
+    return {"adam": {"beta1": cfg.adam_beta1, "beta2": cfg.adam_beta2, "epsilon": cfg.adam_epsilon},
+            "adagrad": {"initial_accumulator": cfg.adagrad_initial_accumulator},
+            "ftrl": {"l1": cfg.ftrl_l1, "l2": cfg.ftrl_l2,
+                     "initial_accumulator": cfg.adagrad_initial_accumulator},
+            "momentum": {"momentum": cfg.momentum}, "sgd": {}}[cfg.optimizer]
+
+
+def model_config(cfg: TrainConfig, feature_size: int, field_size: int):
+    from ..models.deepfm import DeepFMConfig
+    l2e = cfg.l2_reg if cfg.l2_embedding is None else cfg.l2_embedding
+    l2d = cfg.l2_reg if cfg.l2_dense is None else cfg.l2_dense
+    return DeepFMConfig(feature_size, field_size, cfg.embedding_size, tuple(cfg.deep_layers),
+                        cfg.dropout_rates, cfg.batch_norm, l2e, cfg.mixed_precision, cfg.xla,
+                        cfg.seed, l2_dense=l2d)

@@ -1,0 +1,236 @@
+"""The one training loop. A controller owns the outer loop -- log windows, checkpoints,
+evaluation and early stopping, stop requests, the end of the data -- and asks a trainer to
+run N steps at a time (the shape of TensorFlow Model Garden's `orbit`). Each distribution
+mode brings a trainer (sync.py: single, mirrored, allreduce, horovod; ps.py: parameter
+servers); what happens between and after the steps is written once, here, so every option
+means the same in every mode.
+
+A trainer runs steps and reports what they cost:
+
+    trainer.step                      the global step reached
+    trainer.train_steps(n, stop)      -> StepStats (stops early when stop() or the data ends)
+    trainer.save(step)                a checkpoint (the chief's; others do nothing)
+    trainer.evaluate(name, step)      -> {"auc", "logloss", ...} of the valid/test split, or None
+
+After the loop, `finish` does what every run does at its end, also once for every mode: the
+final checkpoint, evaluation of the validation and test splits, the SavedModel export, the
+test set's predictions, result.json and a one-line summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Protocol
+
+from .. import heartbeat
+from ..errors import DataError
+from ..progress import bar
+from .stop import Interrupted, StopRequests
+
+
+class NonFiniteLoss(DataError):
+    pass
+
+
+@dataclasses.dataclass
+class StepStats:
+    """What a run of steps did: how many, their summed loss, time waiting for input and
+    computing (a trainer measures both its own way), and whether the data ran out."""
+    steps: int = 0
+    loss_sum: float = 0.0
+    input_wait_s: float = 0.0
+    compute_s: float = 0.0
+    data_ended: bool = False
+    nonfinite_step: int | None = None     # the first step whose loss was inf or nan
+
+
+class Trainer(Protocol):
+    step: int
+
+    def train_steps(self, n: int, stop: Callable[[], bool]) -> StepStats: ...
+
+    def save(self, step: int) -> None: ...
+
+    def evaluate(self, name: str, step: int, keep: bool = False) -> dict | None: ...
+
+
+@dataclasses.dataclass
+class Schedule:
+    """When things happen, in steps (0 = never)."""
+    total_steps: int | None        # None: until the data ends (a Pipe stream)
+    log_every: int
+    checkpoint_every: int = 0
+    checkpoint_secs: float = 0.0
+    eval_every: int = 0
+    early_stopping: int = 0        # evaluations without AUC improvement before stopping
+
+    def next_boundary(self, step: int) -> int:
+        """The next step at which the controller must act."""
+        cands = [step + every - step % every
+                 for every in (self.log_every, self.checkpoint_every, self.eval_every) if every]
+        if self.total_steps is not None:
+            cands.append(self.total_steps)
+        return min(cands)
+
+
+@dataclasses.dataclass
+class Outcome:
+    step: int
+    stopped_early: bool
+    windows: list
+    input_wait_s: float
+    compute_s: float
+
+    @property
+    def input_bound(self) -> float:
+        busy = self.input_wait_s + self.compute_s
+        return self.input_wait_s / busy if busy else 0.0
+
+
+class Controller:
+    def __init__(self, trainer: Trainer, schedule: Schedule, log, *, global_batch: int,
+                 data_name: str, progress: bool = False):
+        self.trainer, self.schedule, self.log = trainer, schedule, log
+        self.global_batch, self.data_name, self.progress = global_batch, data_name, progress
+
+    def run(self) -> Outcome:
+        s, t = self.schedule, self.trainer
+        start = t.step
+        best_auc, bad_evals, stopped_early = -1.0, 0, False
+        windows, totals = [], StepStats()
+        window, window_t = StepStats(), time.perf_counter()
+        last_ckpt = time.monotonic()
+
+        def flush(step):
+            nonlocal window, window_t
+            if not window.steps:
+                return
+            now = time.perf_counter()
+            busy = window.input_wait_s + window.compute_s
+            w = {"step": step, "loss": window.loss_sum / window.steps, "steps": window.steps,
+                 "seconds": now - window_t,
+                 "examples_per_s": window.steps * self.global_batch / (now - window_t),
+                 "input_wait_s": window.input_wait_s, "compute_s": window.compute_s,
+                 "input_bound": window.input_wait_s / busy if busy else 0.0}
+            windows.append(w)
+            self.log.event("train", **w)
+            pb.set_postfix(loss=f"{w['loss']:.4f}")
+            window, window_t = StepStats(), now
+
+        with bar(total=s.total_steps, desc="train", unit="step",
+                 disable=None if self.progress else True) as pb, StopRequests() as stop:
+            pb.update(start)
+            heartbeat.beat(force=True)
+            while s.total_steps is None or t.step < s.total_steps:
+                if stop.signum is not None:
+                    flush(t.step)
+                    t.save(t.step)
+                    self.log.event("stopped", step=t.step, signal=stop.signum)
+                    raise Interrupted(stop.signum, t.step, saved=self.log.enabled)
+                r = t.train_steps(s.next_boundary(t.step) - t.step,
+                                  lambda: stop.signum is not None)
+                if r.nonfinite_step is not None or not math.isfinite(r.loss_sum):
+                    at = f"at step {r.nonfinite_step}" if r.nonfinite_step else f"by step {t.step}"
+                    raise NonFiniteLoss(
+                        f"the training loss became {r.loss_sum} {at}: the model diverged "
+                        "(learning rate too high?) or the data holds extreme values; nothing of "
+                        "it was checkpointed (the last checkpoint is intact)", path=self.data_name)
+                pb.update(r.steps)
+                for k in ("steps", "loss_sum", "input_wait_s", "compute_s"):
+                    setattr(window, k, getattr(window, k) + getattr(r, k))
+                    setattr(totals, k, getattr(totals, k) + getattr(r, k))
+                if r.data_ended:
+                    flush(t.step)
+                    if s.total_steps is not None:
+                        raise DataError(f"the training data ended after {t.step} of "
+                                        f"{s.total_steps} steps (a Pipe channel: feed more "
+                                        "epochs, pipe_epochs, or train fewer steps)",
+                                        path=self.data_name)
+                    break
+                if t.step % s.log_every == 0 or t.step == s.total_steps:
+                    flush(t.step)
+                if (s.checkpoint_every and t.step % s.checkpoint_every == 0) or \
+                        (s.checkpoint_secs and time.monotonic() - last_ckpt >= s.checkpoint_secs):
+                    t.save(t.step)
+                    last_ckpt = time.monotonic()
+                if s.eval_every and t.step % s.eval_every == 0 and t.step != s.total_steps:
+                    r_eval = t.evaluate("valid", t.step)
+                    if r_eval and s.early_stopping:
+                        if r_eval["auc"] > best_auc + 1e-5:
+                            best_auc, bad_evals = r_eval["auc"], 0
+                        else:
+                            bad_evals += 1
+                            if bad_evals >= s.early_stopping:
+                                stopped_early = True
+                                self.log.event("early_stop", step=t.step, best_auc=best_auc)
+                                break
+        flush(t.step)
+        return Outcome(t.step, stopped_early, windows, totals.input_wait_s, totals.compute_s)
+
+
+def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, model_dir,
+           result: dict) -> dict:
+    """The chief's end of a run: final checkpoint (unless the last one is of this step),
+    evaluation, export, test predictions, result.json and the summary line."""
+    import json
+    from pathlib import Path
+
+    from .export import export_saved_model
+    from .model_dir import PREDICTIONS, RESULT
+    md = Path(model_dir)
+    trainer.save_final(outcome.step)
+    result = {"step": outcome.step, **result, "stopped_early": outcome.stopped_early,
+              "input_wait_s": outcome.input_wait_s, "compute_s": outcome.compute_s,
+              "input_bound": outcome.input_bound, "windows": outcome.windows,
+              "examples_per_s": steady_throughput(outcome.windows)}
+    result["valid"] = trainer.evaluate("valid", outcome.step)
+    result["test"] = trainer.evaluate("test", outcome.step, keep=bool(cfg.predictions))
+    if result["test"] is not None and cfg.predictions:
+        labels, probs = result["test"].pop("labels"), result["test"].pop("probs")
+        result["predictions"] = write_predictions(
+            md / PREDICTIONS if cfg.predictions == "auto" else Path(cfg.predictions), probs, labels)
+    if cfg.export:
+        vocab = str(Path(cfg.train_dir) / manifest.vocabulary) if manifest.vocabulary else None
+        result["export"] = export_saved_model(
+            trainer.model, md / "export", outcome.step,
+            {"field_size": manifest.field_size, "feature_size": feature_size,
+             "step": outcome.step, "test": result["test"], "mode": cfg.mode}, vocab)
+        log.event("export", step=outcome.step, path=result["export"])
+    (md / RESULT).write_text(json.dumps(result, indent=2) + "\n")
+    log.event("summary", step=outcome.step, **summary_fields(result))
+    log.close()
+    return result
+
+
+def steady_throughput(windows: list) -> float | None:
+    """Examples/s after warm-up: the windows after the first (which pays for tracing and the
+    first batches), else the only one."""
+    use = windows[1:] or windows
+    seconds = sum(w["seconds"] for w in use)
+    return sum(w["examples_per_s"] * w["seconds"] for w in use) / seconds if seconds else None
+
+
+def summary_fields(result: dict) -> dict:
+    out = {"examples_per_s": result.get("examples_per_s"), "input_bound": result["input_bound"]}
+    for split in ("valid", "test"):
+        if result.get(split):
+            out[f"{split}_auc"] = result[split]["auc"]
+            out[f"{split}_logloss"] = result[split]["logloss"]
+    return out
+
+
+def write_predictions(path, probs, labels) -> str:
+    """CSV `row,prob,label` at full float32 precision, written whole or not at all."""
+    import os
+
+    import numpy as np
+    tmp = f"{path}.tmp"
+    rows = np.arange(len(probs)).astype(str)
+    with open(tmp, "w") as f:
+        f.write("row,prob,label\n")
+        f.write("".join(f"{r},{p},{int(y)}\n" for r, p, y in
+                        zip(rows, np.char.mod("%.9g", probs), labels)))
+    os.replace(tmp, path)
+    return str(path)

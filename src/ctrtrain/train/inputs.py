@@ -1,0 +1,133 @@
+"""A run's data: the training data's manifest checked against the evaluation splits, this
+process's training dataset (its read plan, tf.data service), the planned steps, and read
+errors traced to the file and record."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..errors import ConfigError, DataError
+from .config import TrainConfig
+from .threads import data_options
+
+
+def check_data(cfg: TrainConfig):
+    """(train manifest, table rows): the training data's, checked against the other splits.
+    A Pipe channel's manifest is made from the config (no files, records unknown)."""
+    from ..data.index import resolve_source
+    from ..data.manifest import Manifest
+    if cfg.input_mode == "Pipe":    # field_size and feature_size given (check_config)
+        m = Manifest(cfg.data_format, cfg.field_size, cfg.feature_size, [],
+                     label_format=cfg.label_format)
+    else:
+        # A directory, files or a glob; without a manifest, indexed now. Paths of an indexed
+        # set are absolute, so m.paths(cfg.train_dir) serves both.
+        m, _ = resolve_source(cfg.train_dir)
+    feature_size = cfg.feature_size or m.feature_size
+    if feature_size < m.feature_size:
+        raise ConfigError(f"feature_size {feature_size} is smaller than the data's {m.feature_size}")
+    for other in (cfg.valid_dir, cfg.test_dir):
+        if other:
+            o, root = resolve_source(other)
+            if o.field_size != m.field_size:
+                raise DataError(f"field_size {o.field_size} does not match the training data's "
+                                f"{m.field_size}", path=str(other))
+            if o.feature_size > feature_size:
+                raise DataError(f"ids up to {o.feature_size - 1} do not fit the model's table of "
+                                f"{feature_size} rows (the training data's feature_size; convert "
+                                "every split with `--like <train dir>`, or give --feature-size)",
+                                path=str(other))
+            check_checksums(o, root)
+    return m, feature_size
+
+
+EVAL_CHECKSUM_BYTES = 512 << 20
+
+
+def check_checksums(m, directory) -> None:
+    """Evaluation splits are read only after training: a corrupted file found then would
+    waste the run. Up to 512 MB their checksums are checked now (a second or so per 500 MB);
+    larger splits are checked record by record when read."""
+    from ..data.manifest import sha256_file
+    if sum(f.bytes for f in m.files) > EVAL_CHECKSUM_BYTES:
+        return
+    for f, path in zip(m.files, m.paths(directory)):
+        if sha256_file(path) != f.sha256:
+            raise DataError("sha256 does not match the manifest: the file is corrupted or was "
+                            "changed (run `ctrtrain data validate`)", path=path)
+
+
+def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, seed: int | None):
+    """This reader's part of the training data (cfg.read_plan), batched, repeated forever,
+    optionally through tf.data service."""
+    import tensorflow as tf
+
+    from ..input.pipeline import PipelineConfig, make_dataset, make_pipe_dataset
+    # Through tf.data service every consumer registers the same dataset (all of it, one seed):
+    # the service decides who gets what (distributed_epoch: each element once).
+    plan = None if cfg.data_service else cfg.read_plan
+    seed = cfg.seed if cfg.data_service else seed
+    pcfg = PipelineConfig(batch_size=batch_size, shuffle_buffer=cfg.shuffle_buffer,
+                          cache=cfg.cache, seed=seed, parse=cfg.parse,
+                          label_format=m.label_format if m.format == "libsvm" else "01",
+                          feature_size=cfg.feature_size or m.feature_size)
+    if cfg.input_mode == "Pipe":
+        ds = make_pipe_dataset(cfg.train_dir, m.field_size, fmt=m.format, cfg=pcfg,
+                               record_shard=plan.record_shard if plan else None,
+                               skip_batches=skip_batches)
+    else:
+        ds = make_dataset(m.paths(cfg.train_dir), m.field_size, fmt=m.format,
+                          compression=m.compression, cfg=pcfg,
+                          file_shard=plan.file_shard if plan else None,
+                          record_shard=plan.record_shard if plan else None,
+                          skip_batches=0 if cfg.data_service else skip_batches)
+    if cfg.data_service:
+        # The whole pipeline (read, shuffle, batch, parse) runs on the data-service workers;
+        # every training process of the job joins one shared job.
+        ds = ds.apply(tf.data.experimental.service.distribute(
+            processing_mode=cfg.processing_mode, service=cfg.data_service,
+            job_name=f"ctrtrain-{Path(cfg.model_dir).name}")).prefetch(tf.data.AUTOTUNE)
+    return ds.with_options(data_options(cfg.threads))
+
+
+def local_records(cfg: TrainConfig, m) -> int:
+    from ..data.sharding import ReadPlan
+    return (cfg.read_plan or ReadPlan("training")).records([f.records for f in m.files])
+
+
+def train_read_error(e, cfg: TrainConfig, m, feature_size: int):
+    """The training data's read error as a DataError naming the file and record."""
+    from ..input.pipeline import explain_error
+    if cfg.input_mode == "Pipe" or not m.files:
+        from ..errors import DataError
+        return DataError(f"reading the stream failed: {str(e).strip().splitlines()[0]}",
+                         path=cfg.train_dir)
+    return explain_error(e, m.paths(cfg.train_dir), fmt=m.format, field_size=m.field_size,
+                         feature_size=feature_size, compression=m.compression,
+                         label_format=m.label_format, what="training data")
+
+
+def planned_steps(cfg: TrainConfig, records: int, global_batch: int, batch_desc: str) -> int:
+    """Steps of the run: cfg.steps, else cfg.epochs over `records` in global batches."""
+    steps_per_epoch = records // global_batch
+    if steps_per_epoch == 0:
+        raise ConfigError(f"{batch_desc} is larger than the training set ({records} records)")
+    return cfg.steps or max(1, int(math.ceil(cfg.epochs * steps_per_epoch)))
+
+
+def schedule_of(cfg: TrainConfig, total_steps: int | None, records: int | None,
+                global_batch: int):
+    """The controller's schedule in steps: settings given in epochs ('0.5 epochs') become
+    steps of this run's global batch."""
+    from .controller import Schedule
+
+    def steps(name):
+        v = getattr(cfg, name)
+        if not isinstance(v, str):
+            return v
+        if not records:
+            raise ConfigError(f"{name}: {v} needs a known epoch length; give steps")
+        return max(1, int(round(float(v.split()[0]) * records / global_batch)))
+    return Schedule(total_steps, steps("log_every"), steps("checkpoint_every"),
+                    cfg.checkpoint_secs, steps("eval_every"), cfg.early_stopping)

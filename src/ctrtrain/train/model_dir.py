@@ -1,0 +1,181 @@
+"""The model directory of a run: its checks before training (writable, room for checkpoints,
+a resumable earlier run), checkpoints that resume -- past a damaged one if need be -- and the
+files a run leaves there."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..errors import ConfigError, DataError
+from .config import TrainConfig
+
+from .metrics_log import METRICS
+RESULT = "result.json"
+CONFIG = "train_config.json"
+PREDICTIONS = "predictions.csv"
+CONFIG_YAML = "config.yaml"
+
+
+RUN_FILES = ("checkpoints", "logs", "export", METRICS, RESULT, CONFIG, CONFIG_YAML, PREDICTIONS)
+
+
+def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
+                       write: bool = True, train_data: str | None = None) -> Path:
+    """Checks that the directory can be written and that a run already in it can be resumed:
+    the same shapes, and the same data position settings (batch size, seed, shuffle, mode,
+    training data), without which a resumed run would skip to the wrong batches. --fresh
+    removes the earlier run's files first (only those: the directory may hold others).
+    Non-chief processes only read it (they restore the chief's checkpoints)."""
+    md = Path(cfg.model_dir)
+    if not write:
+        return md
+    if md.exists() and not md.is_dir():
+        raise ConfigError(f"model directory {md} exists and is not a directory")
+    if cfg.fresh and md.is_dir():
+        for name in RUN_FILES:
+            target = md / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+    try:
+        md.mkdir(parents=True, exist_ok=True)
+        probe = md / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"model directory {md} is not writable: {e.strerror}") from e
+    # A checkpoint holds the table and its optimizer slots (up to 3 x the table) plus the MLP;
+    # saving writes the new one before deleting the oldest. Refuse now rather than fail later.
+    need = 2 * 3 * 4 * feature_size * (1 + cfg.embedding_size) + (64 << 20)
+    free = shutil.disk_usage(md).free
+    if free < need:
+        raise ConfigError(f"model directory {md} has {free / 2**20:,.0f} MB free; checkpoints of "
+                          f"this model need about {need / 2**20:,.0f} MB")
+    record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("threads", "read_plan")}
+    record.update(feature_size=feature_size, field_size=field_size, train_data=train_data)
+    record["deep_layers"] = list(cfg.deep_layers)
+    prev = md / CONFIG
+    if prev.exists() and has_checkpoint(md):
+        try:
+            old = json.loads(prev.read_text())
+            assert isinstance(old, dict)
+        except (ValueError, AssertionError):
+            raise ConfigError(f"{prev} is damaged, so the checkpoints beside it cannot be checked "
+                              "before resuming; --fresh starts over") from None
+        for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size") + TrainConfig.POSITION_FIELDS:
+            if k in old and old[k] != record[k]:
+                what = "data position" if k in TrainConfig.POSITION_FIELDS else "model"
+                raise ConfigError(
+                    f"{md} holds checkpoints of a run with {k}={_brief(old[k])}, not "
+                    f"{_brief(record[k])}: resuming would continue at the wrong {what}. Use the "
+                    "same setting, another --model-dir, or --fresh to start over")
+    prev.write_text(json.dumps(record, indent=2) + "\n")
+    from .config import resolved_yaml
+    (md / CONFIG_YAML).write_text(resolved_yaml(cfg))   # `ctrtrain train --config` re-runs it
+    return md
+
+
+def _brief(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 24 else text[:20] + "..."
+
+
+def has_checkpoint(md: Path) -> bool:
+    return any((md / "checkpoints").glob("ckpt-*.index"))
+
+
+def data_fingerprint(m, directory) -> str | None:
+    """Identity of the training data a data position refers to: its files' names, record
+    counts and checksums (None for a Pipe stream, which has no files to name)."""
+    import hashlib
+    if not m.files:
+        return None
+    text = json.dumps(sorted((Path(f.path).name, f.records, f.sha256) for f in m.files))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def announce_resume(log, md: Path, start_step: int, total_steps) -> None:
+    """A re-run that resumes says so, loudly: it may train no step at all."""
+    if start_step and log.enabled:
+        left = "" if total_steps is None else (
+            f"; {max(0, total_steps - start_step)} of {total_steps} steps left"
+            + (" (nothing to train: evaluating and exporting again)" if start_step >= total_steps else ""))
+        print(f"resuming from the checkpoint at step {start_step} in {md}{left}. "
+              "--fresh starts over", flush=True)
+
+
+def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt):
+    """(CheckpointManager over md/checkpoints, step to start from): the newest checkpoint that
+    restores, else step 0 when there is none. A damaged state file (`checkpoint`) is set aside
+    and the checkpoints are found by name; a damaged newest checkpoint falls back to the one
+    before it, loudly. Checkpoints that exist but none of which restores are an error, never
+    a silent restart from step 0."""
+    import tensorflow as tf
+    ckpt_dir = md / "checkpoints"
+    state = ckpt_dir / "checkpoint"
+    if state.exists():
+        try:
+            # TensorFlow logs a text proto that does not parse and returns None.
+            problem = None if tf.train.get_checkpoint_state(str(ckpt_dir)) else "does not parse"
+        except Exception as e:
+            problem = str(e).splitlines()[0][:80]
+        if problem:
+            aside = state.with_name(f"checkpoint.damaged-{int(time.time())}")
+            os.replace(state, aside)
+            print(f"warning: {state} is damaged ({problem}); set aside as {aside.name}, "
+                  "checkpoints found by name instead", flush=True)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+    manager = tf.train.CheckpointManager(ckpt, str(ckpt_dir), max_to_keep=cfg.keep_checkpoints)
+    candidates = sorted(((int(p.name[5:-6]), str(p)[:-6]) for p in ckpt_dir.glob("ckpt-*.index")
+                         if p.name[5:-6].isdigit()), reverse=True)
+    failures = []
+    for step, prefix in candidates:
+        try:
+            ckpt.restore(prefix).assert_existing_objects_matched()
+        except Exception as e:  # a cut or corrupted data file, a missing shard
+            failures.append(f"{Path(prefix).name}: {str(e).strip().splitlines()[0][:120]}")
+            continue
+        if failures:
+            print(f"warning: could not restore {'; '.join(failures)}; resumed from "
+                  f"{Path(prefix).name} instead", flush=True)
+            # The damaged ones are kept, renamed, out of every later restore's way.
+            for bad_step, bad_prefix in candidates:
+                if bad_step > step:
+                    for part in ckpt_dir.glob(f"{Path(bad_prefix).name}.*"):
+                        os.replace(part, part.with_name("damaged-" + part.name))
+        if manager.latest_checkpoint != prefix:
+            # Make the state file name the checkpoint in use, so later saves follow it.
+            kept = [p for s, p in sorted(candidates) if s <= step]
+            tf.compat.v1.train.update_checkpoint_state(str(ckpt_dir), prefix,
+                                                       all_model_checkpoint_paths=kept)
+            manager = tf.train.CheckpointManager(ckpt, str(ckpt_dir),
+                                                 max_to_keep=cfg.keep_checkpoints)
+        return manager, int(opt.iterations.numpy())
+    if failures:
+        raise DataError("no checkpoint restores (" + "; ".join(failures) + "); move the "
+                        "directory aside or train with --fresh", path=str(ckpt_dir))
+    return manager, 0
+
+
+def write_checkpoint(manager, step: int) -> None:
+    """manager.save, with TensorFlow's write errors (a full disk, a vanished directory) named
+    as the user's to fix instead of a traceback; the earlier checkpoints stay as they were."""
+    import tensorflow as tf
+    try:
+        manager.save(checkpoint_number=step)
+    except tf.errors.OpError as e:
+        from ..errors import CtrError
+        raise CtrError(f"cannot write the checkpoint of step {step} in {manager.directory}: "
+                       f"{e.message.strip().splitlines()[0] if e.message else e}") from None
+
+
+def saved_at(manager, step: int) -> bool:
+    """Whether the latest checkpoint is of this step (the final save would repeat it)."""
+    latest = manager.latest_checkpoint
+    return latest is not None and int(latest.rsplit("-", 1)[1]) == step
