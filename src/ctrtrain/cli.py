@@ -90,6 +90,9 @@ def _data_commands(sub):
     p.add_argument("--field-size", type=POSITIVE, default=None, help="default: from the input's manifest")
     p.add_argument("--feature-size", type=POSITIVE, default=None,
                    help="ids must be below it; default: the input manifest's, else max id + 1")
+    p.add_argument("--like", default=None, metavar="DATA_DIR",
+                   help="take field_size and feature_size from this data directory's manifest "
+                        "(convert valid/test splits --like the training split, so they agree)")
     p.add_argument("--shards", type=POSITIVE, default=8, help="output files, equal record counts")
     p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
     p.add_argument("--gzip", action="store_true", help="gzip-compressed TFRecords")
@@ -98,6 +101,15 @@ def _data_commands(sub):
                    help="skip and report up to N malformed rows instead of failing")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_convert)
+
+    p = dsub.add_parser("index", help="write the manifest of TFRecord or libsvm files that have "
+                                      "none (another pipeline's), so every tool reads them")
+    p.add_argument("data", help="a directory, a file or a glob (files in one directory)")
+    p.add_argument("--feature-size", type=POSITIVE, default=None,
+                   help="table rows the ids must fit (default: largest id + 1)")
+    p.add_argument("--labels", choices=["01", "pm1"], default="01", help="libsvm label values")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing manifest")
+    p.set_defaults(func=cmd_index)
 
     p = dsub.add_parser("validate", help="check a data directory against its manifest")
     p.add_argument("data_dir")
@@ -142,39 +154,23 @@ def cmd_featurize(a):
     print(describe(a.out))
 
 
-def _input_manifest(inputs):
-    from .data.manifest import MANIFEST_NAME, read_manifest
-    if len(inputs) == 1 and os.path.isfile(os.path.join(inputs[0], MANIFEST_NAME)):
-        return read_manifest(inputs[0])
-    return None
-
-
 def cmd_convert(a):
-    from .data.convert import libsvm_to_tfrecord, tfrecord_to_libsvm
+    from .data.convert import convert
     from .data.validate import describe
-    from .errors import ConfigError
-    src = _input_manifest(a.inputs)
-    if a.to == "libsvm":
-        if len(a.inputs) != 1:
-            raise ConfigError("--to libsvm takes one TFRecord data directory")
-        tfrecord_to_libsvm(a.inputs[0], a.out, processes=a.processes, overwrite=a.overwrite)
-    else:
-        field_size = a.field_size or (src.field_size if src else None)
-        if field_size is None:
-            raise ConfigError("--field-size is required when the input has no manifest")
-        feature_size = a.feature_size or (src.feature_size if src else None)
-        vocab = os.path.join(a.inputs[0], src.vocabulary) if src and src.vocabulary else None
-        libsvm_to_tfrecord(src.paths(a.inputs[0]) if src else a.inputs, a.out,
-                           field_size=field_size, feature_size=feature_size,
-                           shards=a.shards, processes=a.processes,
-                           compression="gzip" if a.gzip else None, label_format=a.labels,
-                           max_bad_rows=a.max_bad_rows, overwrite=a.overwrite,
-                           vocabulary_file=vocab)
+    m = convert(a.inputs, a.out, to=a.to, field_size=a.field_size, feature_size=a.feature_size,
+                like=a.like, shards=a.shards, processes=a.processes, gzip=a.gzip,
+                label_format=a.labels, max_bad_rows=a.max_bad_rows, overwrite=a.overwrite)
     print(describe(a.out))
-    from .data.manifest import read_manifest
-    m = read_manifest(a.out)
     for s in m.skipped_rows:
         print(f"skipped {s['path']}: line {s['line']}: {s['reason']}", file=sys.stderr)
+
+
+def cmd_index(a):
+    from .data.index import write_index
+    from .data.validate import describe
+    path = write_index(a.data, feature_size=a.feature_size, label_format=a.labels,
+                       overwrite=a.overwrite)
+    print(describe(path.parent))
 
 
 def cmd_validate(a):
@@ -217,6 +213,9 @@ def _bench_commands(sub):
     p.add_argument("--json", default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_data)
     p = bsub.add_parser("train", help="DeepFM training examples/s vs the dense limit (reference config)")
+    p.add_argument("--data", default=None,
+                   help="your own training data (directory, files or glob) instead of the "
+                        "synthesized reference set")
     p.add_argument("--rows", type=POSITIVE, default=1_000_000)
     p.add_argument("--feature-size", type=POSITIVE, default=1_000_000)
     p.add_argument("--steps", type=POSITIVE, default=300, help="measured steps per run")
@@ -287,7 +286,8 @@ def cmd_bench_train(a):
         with open(a.variants) as f:
             variants = yaml.safe_load(f)
     run_train_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size, steps=a.steps,
-                    warmup=a.warmup, repeats=a.repeats, variants=variants, json_path=a.json)
+                    warmup=a.warmup, repeats=a.repeats, variants=variants, json_path=a.json,
+                    data=a.data)
 
 
 def cmd_bench_profile(a):

@@ -125,14 +125,23 @@ def _dense_worker(p: dict) -> dict:
 
 def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
                     feature_size=REFERENCE["feature_size"], steps=300, warmup=50, repeats=3,
-                    variants: dict[str, dict] | None = None, json_path=None) -> dict:
+                    variants: dict[str, dict] | None = None, json_path=None,
+                    data: str | None = None) -> dict:
+    """`data`: the user's own training data (a directory, files or a glob; indexed if it has
+    no manifest) instead of the synthesized reference set."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    data = prepare_reference_data(work, rows, feature_size)
+    field_size = 39
+    if data:
+        from ..data.index import resolve_source
+        m, _ = resolve_source(data)
+        field_size, rows, feature_size = m.field_size, m.records, m.feature_size
+    else:
+        data = prepare_reference_data(work, rows, feature_size)
     base = {k: v for k, v in REFERENCE.items() if k not in ("rows", "feature_size")}
-    base.update(data=str(data), steps=steps, warmup=warmup, window=50, field_size=39)
+    base.update(data=str(data), steps=steps, warmup=warmup, window=50, field_size=field_size)
     variants = variants or {"reference": {}}
-    out = {"machine": describe_machine(), "config": {**REFERENCE, "rows": rows,
+    out = {"machine": describe_machine(), "data": str(data), "config": {**REFERENCE, "rows": rows,
            "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats},
            "variants": {}}
     for name, over in variants.items():

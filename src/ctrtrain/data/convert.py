@@ -106,6 +106,43 @@ def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | 
     return manifest
 
 
+def convert(inputs, out_dir, *, to: str = "tfrecord", field_size: int | None = None,
+            feature_size: int | None = None, like: str | None = None, shards: int = 8,
+            processes: int | None = None, gzip: bool = False, label_format: str = "01",
+            max_bad_rows: int = 0, overwrite: bool = False) -> Manifest:
+    """`ctrtrain data convert`: libsvm (files, or a data directory with its manifest and
+    vocabulary) to TFRecord shards, or a TFRecord data directory back to libsvm. Shapes come
+    from the flags, else `like` (another split's manifest: splits then agree on the table),
+    else the input's manifest, else the data (feature_size = largest id + 1)."""
+    from .index import detect_format
+    from .manifest import MANIFEST_NAME
+    inputs = [str(i) for i in inputs]
+    src = read_manifest(inputs[0]) if len(inputs) == 1 and \
+        os.path.isfile(os.path.join(inputs[0], MANIFEST_NAME)) else None
+    if to == "libsvm":
+        if src is None or len(inputs) != 1:
+            raise DataError("--to libsvm takes one TFRecord data directory (with its manifest; "
+                            "`ctrtrain data index` writes one)", path=", ".join(inputs[:3]))
+        return tfrecord_to_libsvm(inputs[0], out_dir, processes=processes, overwrite=overwrite)
+    files = src.paths(inputs[0]) if src else list_inputs(inputs)
+    tfrecords = [f for f in files if detect_format(f)[0] == "tfrecord"]
+    if tfrecords or (src and src.format == "tfrecord"):
+        raise DataError("is TFRecord, not libsvm text: TFRecords in the fixed-field schema are "
+                        "trained on as they are (`ctrtrain data index` writes their manifest)",
+                        path=(tfrecords or files)[0])
+    ref = read_manifest(like) if like else src
+    field_size = field_size or (ref.field_size if ref else None)
+    if field_size is None:
+        raise DataError("--field-size is required when the input has no manifest (or --like)")
+    feature_size = feature_size or (ref.feature_size if ref else None)
+    vocab = os.path.join(inputs[0], src.vocabulary) if src and src.vocabulary else None
+    return libsvm_to_tfrecord(files, out_dir, field_size=field_size, feature_size=feature_size,
+                              shards=shards, processes=processes,
+                              compression="gzip" if gzip else None, label_format=label_format,
+                              max_bad_rows=max_bad_rows, overwrite=overwrite,
+                              vocabulary_file=vocab)
+
+
 def _too_many_bad(bad: list[BadRow], max_bad: int) -> DataError:
     first = sorted(bad, key=lambda b: (b.path, b.line))[0]
     err = first.as_error()
