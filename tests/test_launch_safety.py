@@ -270,7 +270,7 @@ def test_run_with_hosts_flags_splits_the_data_like_launch(tmp_path, data):
     TF_CONFIG paths (process_env), so the plan splits the channel: every file once."""
     from ctrtrain.cluster.process_env import process_env
     from ctrtrain.cluster.run import resolve
-    from ctrtrain.data.sharding import plan_from_env
+    from ctrtrain.environment import Environment
     files = json.loads((data / "train" / "manifest.json").read_text())["files"]
     seen = []
     for i in range(2):
@@ -278,7 +278,7 @@ def test_run_with_hosts_flags_splits_the_data_like_launch(tmp_path, data):
         for p in r.processes:
             env = {**process_env(p, r.all_processes, 2, mode="allreduce"),
                    "SM_CHANNEL_TRAINING": str(data / "train")}
-            plan = plan_from_env("training", env)
+            plan = Environment(env).read_plan("training")
             n, k = plan.file_shard
             seen += [f["path"] for f in files[k::n]]
     assert sorted(seen) == sorted(f["path"] for f in files)

@@ -486,12 +486,10 @@ def _run_command(sub):
 def cmd_run(a):
     from .cluster.run import resolve
     from .cluster.process_env import process_command, process_env
-    hps = {}
-    cfg_dir = os.environ.get("SM_INPUT_CONFIG_DIR", "/opt/ml/input/config")
-    if os.path.exists(os.path.join(cfg_dir, "hyperparameters.json")):
-        with open(os.path.join(cfg_dir, "hyperparameters.json")) as f:
-            hps = json.load(f)
-    mode = a.mode or hps.pop("ctrtrain_mode", "single")
+    from .environment import Environment
+    from .mode import Mode
+    env = Environment()
+    mode = Mode.parse(a.mode or env.hyperparameters().get("ctrtrain_mode", "single"), "--mode")
     r = resolve(os.environ, mode=mode, processes_per_host=a.processes_per_host,
                 parameter_servers_per_host=a.parameter_servers_per_host,
                 data_service_group=a.data_service_group,
@@ -503,15 +501,14 @@ def cmd_run(a):
              "tf_config": p.tf_config} for p in r.processes]}, indent=2))
         return
 
-    from .cluster.plan import default_processing_mode
     from .cluster.run import check_ports
     from .launch.supervisor import Supervisor
     check_ports(r.processes)
     kind, target = ("script", a.script) if a.script else (("module", a.module) if a.module
                                                           else ("recipe", "deepfm"))
-    sup = Supervisor(Path(os.environ.get("SM_OUTPUT_DATA_DIR", ".")) / "ctrtrain-logs",
+    sup = Supervisor(env.output_data_dir / "ctrtrain-logs",
                      time_limit=a.time_limit, watchdog=a.watchdog)
-    processing = a.processing_mode or default_processing_mode(mode)
+    processing = a.processing_mode or mode.default_processing_mode
     for p in r.processes:
         env = dict(os.environ)
         env.update(process_env(p, r.all_processes, os.cpu_count() or 1, processing, mode))

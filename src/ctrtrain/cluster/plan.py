@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-MODES = ("single", "parameter_server", "allreduce", "mirrored", "horovod")
+from ..mode import Mode
+
 SERVER_ROLES = ("ps", "dispatcher", "data_worker")   # never exit on their own
 
 
@@ -40,7 +41,7 @@ class Group:
 @dataclasses.dataclass
 class Topology:
     groups: list[Group]
-    mode: str = "single"
+    mode: Mode = Mode.SINGLE
     parameter_servers_per_host: int = 1
     data_service_group: str | None = None
     data_workers_per_host: int = 1
@@ -91,8 +92,7 @@ def plan_cluster(topo: Topology, address=lambda host, slot: f"{host}:{2222 + slo
     """Every process of the job. `address(host, slot)` gives the endpoint of the slot-th server
     process on a host (slots are numbered per host in a fixed order, so every host computes
     the same addresses for every other host)."""
-    if topo.mode not in MODES:
-        raise ValueError(f"unknown mode {topo.mode!r}")
+    topo.mode = Mode.parse(topo.mode)
     hosts = topo.host_names()
     training = {g.name for g in topo.training_groups()}
     per_group = {g.name: g for g in topo.groups}
@@ -123,7 +123,7 @@ def plan_cluster(topo: Topology, address=lambda host, slot: f"{host}:{2222 + slo
                 add(host, group, "data_worker", next_index("data_worker"), 0)
             continue
         local = 0
-        if topo.mode == "parameter_server":
+        if topo.mode.asynchronous:
             if host == first_training_host:
                 add(host, group, "chief", 0, local)
                 if topo.data_service_group is None:
@@ -137,10 +137,10 @@ def plan_cluster(topo: Topology, address=lambda host, slot: f"{host}:{2222 + slo
             local += 1
 
     workers = [p for p in procs if p.role == "worker"]
-    if topo.mode in ("allreduce", "horovod"):
+    if topo.mode.ranked:
         for rank, p in enumerate(workers):
             p.rank, p.world_size = rank, len(workers)
-    if topo.mode in ("allreduce", "parameter_server"):
+    if topo.mode.uses_tf_config:
         cluster: dict[str, list[str]] = {}
         for role in ("chief", "worker", "ps"):
             members = [p.address for p in procs if p.role == role]
@@ -150,12 +150,6 @@ def plan_cluster(topo: Topology, address=lambda host, slot: f"{host}:{2222 + slo
             if p.role in cluster:
                 p.tf_config = {"cluster": cluster, "task": {"type": p.role, "index": p.index}}
     return procs
-
-
-def default_processing_mode(mode: str) -> str:
-    """Parameter-server workers share one data-service job that must split each epoch between
-    them (see the module docstring); other modes default to every consumer seeing it all."""
-    return "distributed_epoch" if mode == "parameter_server" else "parallel_epochs"
 
 
 def dispatcher_address(procs: list[Process]) -> str | None:

@@ -13,7 +13,7 @@ from .plan import Process, dispatcher_address
 def process_env(p: Process, procs: list[Process], cores: int,
                 processing_mode: str = "parallel_epochs", mode: str = "single") -> dict[str, str]:
     on_host = [q for q in procs if q.host == p.host]
-    env = {"CTRTRAIN_MODE": mode, "CTRTRAIN_ROLE": p.role, "CTRTRAIN_TASK_INDEX": str(p.index),
+    env = {"CTRTRAIN_MODE": str(mode), "CTRTRAIN_ROLE": p.role, "CTRTRAIN_TASK_INDEX": str(p.index),
            "CTRTRAIN_ADDRESS": p.address, "CTRTRAIN_HOST": p.host,
            "LOCAL_RANK": str(p.local_rank),
            "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CTRTRAIN_NO_PROGRESS": "1"}

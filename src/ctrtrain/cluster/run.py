@@ -68,9 +68,10 @@ def tf_config_processes(cluster: dict) -> list[Process]:
             procs.append(Process(f"{role}-{i}", "tfjob", role, i, 0, address=addr,
                                  tf_config=task_cfg))
     if "ps" not in cluster:
-        ranked = [q for q in procs if q.role in ("chief", "worker")]
-        for r, q in enumerate(ranked):
-            q.rank, q.world_size = r, len(ranked)
+        from ..environment import tf_config_rank
+        for q in procs:
+            if q.role in ("chief", "worker"):
+                q.rank, q.world_size, _ = tf_config_rank(q.tf_config)
     return procs
 
 

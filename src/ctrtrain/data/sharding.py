@@ -25,9 +25,6 @@ across the job (tests/test_sharding.py reads all four cases and checks it).
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-
 from ..errors import ConfigError
 
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
@@ -85,35 +82,3 @@ def _file_shards_even(files: int | list[int], parts: int) -> bool:
         return False
     per_part = [sum(files[i::parts]) for i in range(parts)]
     return min(per_part) > 0 and max(per_part) <= 2 * min(per_part)
-
-
-def plan_from_env(channel: str = "training", environ=os.environ) -> ReadPlan:
-    """plan_reads for this process, from its environment: the reader hosts and this host as
-    ctrtrain's launcher and `ctrtrain run` give them (CTRTRAIN_READER_HOSTS, CTRTRAIN_HOST),
-    else SageMaker's (SM_*), and its local rank."""
-    if environ.get("CTRTRAIN_READER_HOSTS"):
-        hosts = json.loads(environ["CTRTRAIN_READER_HOSTS"])
-        me = environ["CTRTRAIN_HOST"]
-    else:
-        hosts = json.loads(environ.get("SM_CURRENT_INSTANCE_GROUP_HOSTS") or
-                           environ.get("SM_HOSTS") or '["localhost"]')
-        me = environ.get("SM_CURRENT_HOST", hosts[0])
-    channels = json.loads(environ.get("SM_CHANNELS", "[]"))
-    per_worker = f"{channel}_0" in channels
-    first = f"{channel}_0" if per_worker else channel
-    config = json.loads(environ.get("SM_INPUT_DATA_CONFIG", "{}")).get(first, {})
-    local_rank = int(environ.get("LOCAL_RANK", environ.get("HOROVOD_LOCAL_RANK", "0")))
-    workers_per_host = int(environ.get("LOCAL_SIZE", environ.get("HOROVOD_LOCAL_SIZE", "1")))
-    name = f"{channel}_{local_rank}" if per_worker else channel
-    path = environ.get(f"SM_CHANNEL_{name.upper()}")
-    input_mode = config.get("TrainingInputMode", "File")
-    files = None
-    if input_mode == "File" and path:
-        from .files import list_inputs
-        from .manifest import MANIFEST_NAME, read_manifest
-        files = [f.records for f in read_manifest(path).files] \
-            if os.path.exists(os.path.join(path, MANIFEST_NAME)) else len(list_inputs([path]))
-    return plan_reads(channel=channel, distribution=config.get("S3DistributionType", "FullyReplicated"),
-                      input_mode=input_mode, hosts=len(hosts), host_index=hosts.index(me),
-                      workers_per_host=workers_per_host, local_rank=local_rank,
-                      channel_per_worker=per_worker, files=files)

@@ -20,6 +20,7 @@ from ..cluster.plan import plan_cluster
 from ..cluster.process_env import process_command, process_env
 from ..cluster.sagemaker import container_env, user_args, write_config_files
 from ..errors import CtrError
+from ..mode import Mode
 from .channels import PipeFeeder, assign, check_pipe_files, materialize_file_channel
 from .spec import JobSpec
 from .supervisor import Supervisor
@@ -102,7 +103,7 @@ def horovodrun() -> str | None:
 def check_runtime(spec: JobSpec) -> None:
     """What the mode needs installed, checked before anything starts."""
     import importlib.util
-    if spec.topology.mode == "horovod" and (importlib.util.find_spec("horovod") is None
+    if spec.topology.mode is Mode.HOROVOD and (importlib.util.find_spec("horovod") is None
                                             or horovodrun() is None):
         raise JobFailed("distribution mode 'horovod' needs Horovod (and its horovodrun), which is "
                         "not installed in this Python. Horovod 0.28.1 does not build against "
@@ -183,14 +184,14 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None) -> d
         env.update(process_env(p, procs, cores, spec.processing_mode, spec.topology.mode))
         cmd = process_command(p, spec.entry_point.kind, spec.entry_point.target,
                               spec.entry_point.args, user_args(spec.hyperparameters))
-        if spec.topology.mode == "horovod" and not p.is_server:
+        if spec.topology.mode is Mode.HOROVOD and not p.is_server:
             # Every rank's training heartbeat counts as horovodrun's progress.
             env[heartbeat.ENV] = str(sup.log_dir / "horovodrun.heartbeat")
             ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": str(base)})
         else:
             # A parameter-server worker may die: the coordinator reschedules its steps.
             sup.start(p.label, cmd, env, cwd=str(base), server=p.is_server,
-                      tolerated=spec.topology.mode == "parameter_server" and p.role == "worker")
+                      tolerated=spec.topology.mode.asynchronous and p.role == "worker")
     if ranks:
         sup.start("horovodrun", horovod_command(ranks, run_dir), dict(os.environ),
                   cwd=str(run_dir), server=False)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from ..cluster.plan import Group, MODES, Topology, default_processing_mode
+from ..cluster.plan import Group, Topology
+from ..mode import Mode
 from ..errors import ConfigError
 
 INPUT_MODES = ("File", "Pipe")
@@ -170,11 +171,12 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
         dist = {"mode": dist}
     _keys(dist, {"mode", "parameter_servers_per_host", "data_service"}, "distribution")
     mode = dist.get("mode", "single")
-    _expect(isinstance(mode, str) and mode in MODES, "distribution.mode",
-            f"{_show(mode)} is not one of {', '.join(MODES)}")
+    _expect(isinstance(mode, str) and mode in tuple(Mode), "distribution.mode",
+            f"{_show(mode)} is not one of {', '.join(Mode)}")
+    mode = Mode(mode)
     ds = dist.get("data_service")
     ds_group, ds_workers = None, 1
-    processing = default_processing_mode(mode)
+    processing = mode.default_processing_mode
     if ds is not None:
         _keys(ds, {"group", "workers_per_host", "processing_mode"}, "distribution.data_service")
         ds_group = ds.get("group")
@@ -190,7 +192,7 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     # servers) on this machine, each a TensorFlow runtime.
     hosts_total = sum(g.hosts for g in groups)
     est = sum(g.hosts * g.processes_per_host for g in groups) + hosts_total * (
-        topo.parameter_servers_per_host + 2 if mode == "parameter_server" else 0) + \
+        topo.parameter_servers_per_host + 2 if mode.asynchronous else 0) + \
         hosts_total * ds_workers + 2
     _expect(est <= MAX_PROCESSES, "instance_groups",
             f"this topology starts about {est} processes on this machine; a local launch allows "
@@ -198,7 +200,7 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     training = topo.training_groups()
     _expect(training, "instance_groups", "no group left to train (all run the data service)")
     total_workers = sum(g.hosts * g.processes_per_host for g in training)
-    if mode in ("single", "mirrored"):
+    if mode.one_process:
         _expect(total_workers == 1, "instance_groups",
                 f"mode {mode} runs one training process (1 host x 1 process), not {total_workers}")
 

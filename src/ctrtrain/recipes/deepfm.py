@@ -4,7 +4,7 @@ written to SM_MODEL_DIR. Checkpoints go to <SM_OUTPUT_DIR>/../checkpoints (SageM
 /opt/ml/checkpoints, shared by every host of the job) so a re-launched job resumes.
 
 Every distribution mode runs this same entry point: the mode comes from the environment
-(CTRTRAIN_MODE, TF_CONFIG or horovodrun's ranks; train/runtime.py), this process's part of the
+(CTRTRAIN_MODE, TF_CONFIG or horovodrun's ranks: ctrtrain/environment.py), this process's part of the
 training channel from the sharding plan (data/sharding.py), and tf.data service from
 CTRTRAIN_DATA_SERVICE. Only the chief exports.
 
@@ -14,8 +14,6 @@ manifest, so the job gives `field_size` and `feature_size` (and `data_format` fo
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -53,48 +51,19 @@ def parse_hyperparameters(argv) -> tuple[dict, dict]:
 def main(argv=None) -> int:
     from .. import heartbeat
     heartbeat.beat(force=True)   # alive before TensorFlow's start-up (seconds of silence)
-    env = os.environ
-    from ..data.sharding import plan_from_env
+    from ..environment import Environment
     from ..errors import CtrError
+    from ..usage import print_usage
     try:
+        env = Environment()
         hps, thread_hps = parse_hyperparameters(argv if argv is not None else sys.argv[1:])
+        cfg = recipe_config(env, hps, thread_hps)
     except CtrError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from ..train import train
-    from ..train.config import TrainConfig
-    from ..train.runtime import detect_mode
-    from ..train.threads import ThreadConfig
-    from ..usage import print_usage
-    channel = lambda name: env.get(f"SM_CHANNEL_{name}")  # noqa: E731
-    mode = detect_mode(env)
-    modes = {k: v.get("TrainingInputMode") for k, v in
-             json.loads(env.get("SM_INPUT_DATA_CONFIG", "{}")).items()}
-    evaluated = sorted(k for k, v in modes.items() if v == "Pipe" and not k.startswith("train"))
-    if evaluated:
-        print(f"channels {evaluated} are Pipe mode: the deepfm recipe evaluates from File "
-              "channels (ctrtrain data directories)", file=sys.stderr)
-        return 2
-    plan = None if mode in ("single", "mirrored", "parameter_server") else plan_from_env("training", env)
-    train_channel = plan.channel if plan else "training"
-    train_dir = channel(train_channel.upper())
-    if not train_dir:
-        print(f"no training channel (SM_CHANNEL_{train_channel.upper()})", file=sys.stderr)
-        return 2
-    output = Path(env.get("SM_OUTPUT_DIR", "output"))
-    ckpt_dir = output.parent / "checkpoints"
-    threads = ThreadConfig(thread_hps.get("intra_op_threads", 0),
-                           thread_hps.get("inter_op_threads", 0), thread_hps.get("data_threads", 0))
-    if hps.get("predictions") == "auto":      # beside the model: it travels with model.tar.gz
-        hps["predictions"] = str(Path(env.get("SM_MODEL_DIR", "model")) / "predictions.csv")
-    cfg = TrainConfig(train_dir=train_dir, valid_dir=channel("VALIDATION"),
-                      test_dir=channel("TEST"), model_dir=str(ckpt_dir), progress=False,
-                      input_mode=modes.get(train_channel) or "File",
-                      mode=mode, read_plan=plan, data_service=env.get("CTRTRAIN_DATA_SERVICE"),
-                      processing_mode=env.get("CTRTRAIN_DATA_SERVICE_MODE", "parallel_epochs"),
-                      threads=threads, **hps)
-    if plan:
-        print(f"reading {plan}", flush=True)
+    if cfg.read_plan:
+        print(f"reading {cfg.read_plan}", flush=True)
     try:
         r = train(cfg)
     except CtrError as e:    # the user's to fix: the message names the place, no traceback
@@ -104,14 +73,42 @@ def main(argv=None) -> int:
         print_usage()
     if not r.get("chief", True):
         return 0
-    model_dir = Path(env.get("SM_MODEL_DIR", "model"))
     if r.get("export"):
-        dest = model_dir / "export" / Path(r["export"]).name
+        dest = env.model_dir / "export" / Path(r["export"]).name
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(r["export"], dest)
-    shutil.copy(ckpt_dir / "result.json", model_dir / "result.json")
+    shutil.copy(Path(cfg.model_dir) / "result.json", env.model_dir / "result.json")
     return 0
+
+
+def recipe_config(env, hps: dict, thread_hps: dict):
+    """The training configuration of this process of the job: its channels, its part of the
+    training data, the job's mode and data service, the hyperparameters."""
+    from ..errors import ConfigError
+    from ..train.config import TrainConfig
+    from ..train.threads import ThreadConfig
+    pipe_evaluated = sorted(n for n, c in env.channels.items()
+                            if c.input_mode == "Pipe" and not n.startswith("train"))
+    if pipe_evaluated:
+        raise ConfigError(f"channels {pipe_evaluated} are Pipe mode: the deepfm recipe evaluates "
+                          "from File channels (ctrtrain data directories)")
+    plan = env.read_plan("training") if env.mode.ranked else None
+    train_channel = env.channel(plan.channel if plan else "training")
+    if not train_channel or not train_channel.path:
+        raise ConfigError(f"no training channel (SM_CHANNEL_{(plan.channel if plan else 'training').upper()})")
+    threads = ThreadConfig(thread_hps.get("intra_op_threads", 0),
+                           thread_hps.get("inter_op_threads", 0), thread_hps.get("data_threads", 0))
+    if hps.get("predictions") == "auto":      # beside the model: it travels with model.tar.gz
+        hps["predictions"] = str(env.model_dir / "predictions.csv")
+    # Checkpoints in SageMaker's /opt/ml/checkpoints (beside output/), shared by the hosts.
+    ckpt_dir = env.output_dir.parent / "checkpoints"
+    valid, test = env.channel("validation"), env.channel("test")
+    return TrainConfig(train_dir=train_channel.path, valid_dir=valid.path if valid else None,
+                       test_dir=test.path if test else None, model_dir=str(ckpt_dir),
+                       progress=False, input_mode=train_channel.input_mode, mode=env.mode.value,
+                       read_plan=plan, data_service=env.data_service,
+                       processing_mode=env.data_service_mode, threads=threads, **hps)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ def train(cfg) -> dict:
     from .threads import apply_threads
     check_config(cfg)
     threads = apply_threads(cfg.threads)
-    if cfg.mode == "parameter_server":
+    from ..mode import Mode
+    if Mode.parse(cfg.mode).asynchronous:
         from .ps import train_parameter_server
         return train_parameter_server(cfg, threads)
     from .runtime import make_runtime

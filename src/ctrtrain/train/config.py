@@ -21,11 +21,12 @@ import math
 import yaml
 
 from ..errors import ConfigError
+from ..mode import Mode
 from .threads import ThreadConfig
 
 SECTIONS = ("data", "model", "optimizer", "schedule", "distribution", "output")
 OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "momentum")
-MODES = ("single", "mirrored", "allreduce", "horovod", "parameter_server")
+MODES = tuple(m.value for m in Mode)
 # The public SageMaker DeepFM sample's hyperparameter names for the same settings.
 ALIASES = {"num_epochs": "epochs", "log_steps": "log_every"}
 
@@ -287,7 +288,8 @@ def resolved_yaml(cfg: TrainConfig) -> str:
     out: dict = {s: {} for s in SECTIONS}
     for f in table():
         v = getattr(cfg, f.name)
-        out[f.metadata["section"]][f.name] = list(v) if isinstance(v, tuple) else v
+        v = list(v) if isinstance(v, tuple) else str(v) if isinstance(v, str) else v
+        out[f.metadata["section"]][f.name] = v
     return yaml.safe_dump(out, sort_keys=False)
 
 
@@ -313,7 +315,7 @@ def check_config(cfg: TrainConfig):
         if not (cfg.field_size and cfg.feature_size):
             raise ConfigError(f"Pipe channel {cfg.train_dir}: a stream carries no manifest; "
                               "give field_size and feature_size")
-        if cfg.mode == "parameter_server":
+        if Mode.parse(cfg.mode).asynchronous:
             raise ConfigError("mode parameter_server reads File channels: the chief defines "
                               "every worker's dataset as a graph, and a Pipe channel's FIFO "
                               "(read in Python, on one host) cannot run on a worker")

@@ -20,31 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 
 import tensorflow as tf
 
 from ..errors import ConfigError
 
-SYNC_MODES = ("single", "mirrored", "allreduce", "horovod")
 SPARSE_REDUCE = ("gather", "dense")
-
-
-def detect_mode(environ=os.environ) -> str:
-    """The job's mode: CTRTRAIN_MODE (set by the launcher and `ctrtrain run`), else what the
-    environment implies (horovodrun's ranks, TF_CONFIG with or without parameter servers)."""
-    if environ.get("CTRTRAIN_MODE"):
-        return environ["CTRTRAIN_MODE"]
-    if "HOROVOD_RANK" in environ or "OMPI_COMM_WORLD_RANK" in environ:
-        return "horovod"
-    if environ.get("TF_CONFIG"):
-        cluster = json.loads(environ["TF_CONFIG"]).get("cluster", {})
-        if "ps" in cluster:
-            return "parameter_server"
-        if len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1:
-            return "allreduce"
-    return "single"
 
 
 @dataclasses.dataclass
@@ -117,34 +98,36 @@ def logical_cpus(n: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
-def make_runtime(mode: str, sparse_reduce: str = "gather", devices: int = 2,
-                 environ=os.environ) -> Runtime:
+def make_runtime(mode, sparse_reduce: str = "gather", devices: int = 2, env=None) -> Runtime:
+    """The runtime of a synchronous mode; `env` (ctrtrain.environment.Environment, default
+    this process's) says who this process is."""
+    from ..environment import Environment, tf_config_rank
+    from ..mode import Mode
+    mode = Mode.parse(mode)
+    env = env or Environment()
     if sparse_reduce not in SPARSE_REDUCE:
         raise ConfigError(f"sparse_reduce must be one of {', '.join(SPARSE_REDUCE)}, not {sparse_reduce!r}")
-    if mode == "single":
+    if mode is Mode.SINGLE:
         return Runtime("single")
-    if mode == "mirrored":
+    if mode is Mode.MIRRORED:
         gpus = tf.config.list_physical_devices("GPU")
         names = [f"/gpu:{i}" for i in range(len(gpus))] if gpus else logical_cpus(devices)
         strategy = tf.distribute.MirroredStrategy(
             names, cross_device_ops=None if gpus else tf.distribute.ReductionToOneDevice())
         return Runtime("mirrored", strategy, strategy.num_replicas_in_sync,
                        sparse_reduce=sparse_reduce)
-    if mode == "allreduce":
-        if not environ.get("TF_CONFIG"):
+    if mode is Mode.ALLREDUCE:
+        if not env.tf_config:
             raise ConfigError("mode allreduce needs TF_CONFIG (set by `ctrtrain launch` / `ctrtrain run`)")
         impl = (tf.distribute.experimental.CommunicationImplementation.NCCL
                 if tf.config.list_physical_devices("GPU")
                 else tf.distribute.experimental.CommunicationImplementation.RING)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
-        cfg = json.loads(environ["TF_CONFIG"])
-        chiefs = len(cfg["cluster"].get("chief", []))
-        workers = chiefs + len(cfg["cluster"].get("worker", []))
-        index = int(cfg["task"]["index"]) + (chiefs if cfg["task"]["type"] == "worker" else 0)
+        index, workers, chief = tf_config_rank(env.tf_config)
         return Runtime("allreduce", strategy, strategy.num_replicas_in_sync, workers, index,
-                       is_chief=index == 0, sparse_reduce=sparse_reduce)
-    if mode == "horovod":
+                       is_chief=chief, sparse_reduce=sparse_reduce)
+    if mode is Mode.HOROVOD:
         try:
             import horovod.tensorflow as hvd
         except ImportError as e:
@@ -152,4 +135,4 @@ def make_runtime(mode: str, sparse_reduce: str = "gather", devices: int = 2,
         hvd.init()
         return Runtime("horovod", None, hvd.size(), hvd.size(), hvd.rank(),
                        is_chief=hvd.rank() == 0, sparse_reduce=sparse_reduce, hvd=hvd)
-    raise ConfigError(f"mode {mode!r} has no synchronous runtime (allowed: {', '.join(SYNC_MODES)})")
+    raise ConfigError(f"mode {mode} has no synchronous runtime (it runs train/ps.py)")
