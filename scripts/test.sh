@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite. First builds (or reuses) both environments: .venv (TF 2.21, the main
+# The whole test suite. First lints (ruff, layer check), then builds (or reuses) both environments: .venv (TF 2.21, the main
 # engine) and .venv-hvd (TF 2.15.1 + Horovod, scripts/horovod_env.sh). Then runs every test in
 # .venv (the Horovod mode's test launches from .venv-hvd), then every test again in .venv-hvd:
 # the package runs on the TF version SageMaker's Horovod containers ship.
@@ -11,6 +11,8 @@ if [ $# -gt 0 ]; then
   source "$root/scripts/env.sh"
   exec python -m pytest "$@"
 fi
+echo "== lint: ruff, and no lower layer importing an upper one"
+( source "$root/scripts/env.sh" && ruff check src tests scripts examples && python scripts/check_layers.py )
 bash "$root/scripts/horovod_env.sh"
 export CTRTRAIN_REQUIRE_HOROVOD=1
 echo "== tests on TensorFlow 2.21 (.venv)"

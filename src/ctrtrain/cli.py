@@ -484,40 +484,17 @@ def _run_command(sub):
 
 
 def cmd_run(a):
-    from .cluster.run import resolve
-    from .cluster.process_env import process_command, process_env
-    from .environment import Environment
-    from .mode import Mode
-    env = Environment()
-    mode = Mode.parse(a.mode or env.hyperparameters().get("ctrtrain_mode", "single"), "--mode")
-    r = resolve(os.environ, mode=mode, processes_per_host=a.processes_per_host,
-                parameter_servers_per_host=a.parameter_servers_per_host,
-                data_service_group=a.data_service_group,
-                hosts=a.hosts.split(",") if a.hosts else None, host_index=a.host_index,
-                base_port=a.base_port)
-    if a.dry_run:
-        print(json.dumps({"source": r.source, "host": r.host, "processes": [
-            {"role": p.role, "index": p.index, "rank": p.rank, "address": p.address,
-             "tf_config": p.tf_config} for p in r.processes]}, indent=2))
-        return
-
-    from .cluster.run import check_ports
-    from .launch.supervisor import Supervisor
-    check_ports(r.processes)
+    from .launch.host import run_host
     kind, target = ("script", a.script) if a.script else (("module", a.module) if a.module
                                                           else ("recipe", "deepfm"))
-    sup = Supervisor(env.output_data_dir / "ctrtrain-logs",
-                     time_limit=a.time_limit, watchdog=a.watchdog)
-    processing = a.processing_mode or mode.default_processing_mode
-    for p in r.processes:
-        env = dict(os.environ)
-        env.update(process_env(p, r.all_processes, os.cpu_count() or 1, processing, mode))
-        cmd = process_command(p, kind, target, a.entry_args, [])
-        sup.start(p.label, cmd, env, server=p.is_server)
-    outcome = sup.wait()
-    if not outcome.ok:
-        from .errors import CtrError
-        raise CtrError("\n".join([outcome.reason, *outcome.tail]))
+    r = run_host(mode=a.mode, processes_per_host=a.processes_per_host,
+                 parameter_servers_per_host=a.parameter_servers_per_host,
+                 data_service_group=a.data_service_group, processing_mode=a.processing_mode,
+                 hosts=a.hosts.split(",") if a.hosts else None, host_index=a.host_index,
+                 base_port=a.base_port, entry=(kind, target, a.entry_args),
+                 watchdog=a.watchdog, time_limit=a.time_limit, dry_run=a.dry_run)
+    if a.dry_run:
+        print(json.dumps(r, indent=2))
 
 
 def _quickstart_command(sub):
@@ -575,5 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The `ctrtrain` command: main(), then the process ends."""
+    from .shutdown import end_process
+    end_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

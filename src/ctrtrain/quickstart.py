@@ -6,9 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .data.convert import libsvm_to_tfrecord
-from .data.manifest import read_manifest
-from .data.synth import SynthConfig, synthesize
+from .data.synth import SynthConfig, synthesize_tfrecord
 from .data.validate import describe, validate
 
 SPLITS = ("train", "valid", "test")
@@ -18,15 +16,12 @@ def quickstart(work_dir: str = "runs/quickstart", rows: int = 600_000,
                feature_size: int = 100_000, epochs: float = 1.0) -> dict:
     work = Path(work_dir)
     print(f"[1/5] synthesizing {rows:,} Criteo-like rows into {work / 'raw'}", flush=True)
-    s = synthesize(work / "raw", SynthConfig(rows=rows, feature_size=feature_size), overwrite=True)
+    s = synthesize_tfrecord(work, SynthConfig(rows=rows, feature_size=feature_size),
+                            tfrecord_dir="tfrecord", overwrite=True)
     bayes = s["splits"]["test"]["bayes_auc"]
     print(f"      Bayes-optimal test AUC {bayes:.4f}")
-    print("[2/5] converting libsvm -> TFRecord shards and validating them", flush=True)
+    print("[2/5] converted libsvm -> TFRecord shards; validating them", flush=True)
     for split in SPLITS:
-        m = read_manifest(work / "raw" / split)
-        libsvm_to_tfrecord(m.paths(work / "raw" / split), work / "tfrecord" / split,
-                           field_size=m.field_size, feature_size=m.feature_size,
-                           shards=8 if split == "train" else 2, overwrite=True)
         validate(work / "tfrecord" / split)
         print(describe(work / "tfrecord" / split))
     print(f"[3/5] training DeepFM for {epochs:g} epochs", flush=True)

@@ -113,20 +113,15 @@ def expand_cells(matrix: dict) -> list[dict]:
 
 def prepare_data(work: Path, rows: int, feature_size: int) -> dict[str, Path]:
     """Synthesized train/test splits as TFRecord and libsvm data directories, made once."""
-    from ..data.convert import libsvm_to_tfrecord
-    from ..data.manifest import MANIFEST_NAME, read_manifest
-    from ..data.synth import SynthConfig, synthesize
+    from ..data.manifest import MANIFEST_NAME
+    from ..data.synth import SynthConfig, synthesize_tfrecord
     out = work / f"data-{rows}-{feature_size}"
     dirs = {"libsvm": out / "raw" / "train", "tfrecord": out / "tf" / "train",
             "test": out / "tf" / "test"}
     if all((d / MANIFEST_NAME).exists() for d in dirs.values()):
         return dirs
-    synthesize(out / "raw", SynthConfig(rows=rows, feature_size=feature_size, valid_fraction=0.0,
-                                        test_fraction=0.1, files_per_split=4), overwrite=True)
-    for split, shards in (("train", 8), ("test", 2)):
-        m = read_manifest(out / "raw" / split)
-        libsvm_to_tfrecord(m.paths(out / "raw" / split), out / "tf" / split, field_size=m.field_size,
-                           feature_size=m.feature_size, shards=shards, overwrite=True)
+    synthesize_tfrecord(out, SynthConfig(rows=rows, feature_size=feature_size, valid_fraction=0.0,
+                                         test_fraction=0.1, files_per_split=4), overwrite=True)
     return dirs
 
 

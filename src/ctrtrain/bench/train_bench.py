@@ -27,18 +27,14 @@ REFERENCE = {"rows": 1_000_000, "feature_size": 1_000_000, "embedding_size": 16,
 
 def prepare_reference_data(work: Path, rows: int, feature_size: int) -> Path:
     """Synthesized Criteo-like data converted to TFRecord once, then reused."""
-    from ..data.convert import libsvm_to_tfrecord
-    from ..data.manifest import MANIFEST_NAME, read_manifest
-    from ..data.synth import SynthConfig, synthesize
+    from ..data.manifest import MANIFEST_NAME
+    from ..data.synth import SynthConfig, synthesize_tfrecord
     out = work / f"ref-{rows}-{feature_size}"
-    tf_dir = out / "tfrecord-train"
+    tf_dir = out / "tfrecord" / "train"
     if (tf_dir / MANIFEST_NAME).exists():
         return tf_dir
-    synthesize(out / "raw", SynthConfig(rows=rows, feature_size=feature_size,
-                                        valid_fraction=0.0, test_fraction=0.0), overwrite=True)
-    m = read_manifest(out / "raw" / "train")
-    libsvm_to_tfrecord(m.paths(out / "raw" / "train"), tf_dir, field_size=m.field_size,
-                       feature_size=m.feature_size, shards=8, overwrite=True)
+    synthesize_tfrecord(out, SynthConfig(rows=rows, feature_size=feature_size, valid_fraction=0.0,
+                                         test_fraction=0.0), tfrecord_dir="tfrecord", overwrite=True)
     return tf_dir
 
 

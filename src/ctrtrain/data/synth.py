@@ -195,3 +195,26 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
                 bayes_logloss=logloss(labels, probs))
     (out / SYNTH_INFO).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def synthesize_tfrecord(root, cfg: SynthConfig = SynthConfig(), *, tfrecord_dir: str = "tf",
+                        shards: dict[str, int] | None = None, processes: int | None = None,
+                        overwrite: bool = False) -> dict:
+    """Synthesized splits as libsvm (<root>/raw/<split>) and TFRecord shards
+    (<root>/<tfrecord_dir>/<split>) for every split that has rows: the one place the
+    quickstart, the benchmarks and the tests make their data. Returns synthesize()'s summary."""
+    from pathlib import Path
+
+    from .convert import libsvm_to_tfrecord
+    from .manifest import read_manifest
+    root = Path(root)
+    shards = {"train": 8, "valid": 2, "test": 2, **(shards or {})}
+    s = synthesize(root / "raw", cfg, processes=processes, overwrite=overwrite)
+    for split in SPLITS:
+        if not s["splits"][split]["rows"]:
+            continue
+        m = read_manifest(root / "raw" / split)
+        libsvm_to_tfrecord(m.paths(root / "raw" / split), root / tfrecord_dir / split,
+                           field_size=m.field_size, feature_size=m.feature_size,
+                           shards=shards[split], processes=processes, overwrite=overwrite)
+    return s

@@ -112,4 +112,5 @@ def recipe_config(env, hps: dict, thread_hps: dict):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..shutdown import end_process
+    end_process(main())

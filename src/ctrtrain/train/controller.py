@@ -82,6 +82,7 @@ class Outcome:
     windows: list
     input_wait_s: float
     compute_s: float
+    ended: float = dataclasses.field(default_factory=time.perf_counter)   # the loop's end
 
     @property
     def input_bound(self) -> float:
@@ -180,13 +181,16 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
     from .export import export_saved_model
     from .model_dir import PREDICTIONS, RESULT
     md = Path(model_dir)
+    clock = Phases(outcome)
     trainer.save_final(outcome.step)
+    clock.lap("final_checkpoint")
     result = {"step": outcome.step, **result, "stopped_early": outcome.stopped_early,
               "input_wait_s": outcome.input_wait_s, "compute_s": outcome.compute_s,
               "input_bound": outcome.input_bound, "windows": outcome.windows,
               "examples_per_s": steady_throughput(outcome.windows)}
     result["valid"] = trainer.evaluate("valid", outcome.step)
     result["test"] = trainer.evaluate("test", outcome.step, keep=bool(cfg.predictions))
+    clock.lap("evaluation")
     if result["test"] is not None and cfg.predictions:
         labels, probs = result["test"].pop("labels"), result["test"].pop("probs")
         result["predictions"] = write_predictions(
@@ -198,10 +202,45 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
             {"field_size": manifest.field_size, "feature_size": feature_size,
              "step": outcome.step, "test": result["test"], "mode": cfg.mode}, vocab)
         log.event("export", step=outcome.step, path=result["export"])
+    clock.lap("export")
+    result["phases_s"] = clock.phases
     (md / RESULT).write_text(json.dumps(result, indent=2) + "\n")
     log.event("summary", step=outcome.step, **summary_fields(result))
     log.close()
     return result
+
+
+class Phases:
+    """Seconds of a process's life by phase: start-up (interpreter, imports, data checks,
+    model build, restore: process start to the first step), training, then each after-training
+    action -- where small runs spend their time (docs/benchmarks.md)."""
+
+    def __init__(self, outcome: Outcome):
+        start = process_start_time()
+        training = sum(w["seconds"] for w in outcome.windows)
+        self.phases = {"startup": round(max(0.0, time.time() - start - training
+                                            - (time.perf_counter() - outcome.ended)), 3),
+                       "training": round(training, 3)}
+        self._t = time.perf_counter()
+        self.phases["after_loop"] = round(self._t - outcome.ended, 3)
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self._t, 3)
+        self._t = now
+
+
+def process_start_time() -> float:
+    """Wall-clock time this process started (Linux: /proc/self/stat's start time)."""
+    import os
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def steady_throughput(windows: list) -> float | None:
