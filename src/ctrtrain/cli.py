@@ -226,6 +226,16 @@ def _bench_commands(sub):
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_train)
+    p = bsub.add_parser("startup", help="where a small run's wall time goes: phases of "
+                                        "`ctrtrain train` in fresh processes, and its exit")
+    p.add_argument("--train", required=True, help="training data (directory, files or glob)")
+    p.add_argument("--valid", default=None)
+    p.add_argument("--test", default=None)
+    p.add_argument("--repeats", type=POSITIVE, default=3)
+    p.add_argument("--work-dir", default="runs/bench-startup")
+    p.add_argument("--json", default=None)
+    p.add_argument("train_args", nargs="*", help="more `ctrtrain train` flags (after --)")
+    p.set_defaults(func=cmd_bench_startup)
     p = bsub.add_parser("profile", help="op-by-op CPU time of the reference training step")
     p.add_argument("--data", default=None, help="a TFRecord data directory (default: the reference data)")
     p.add_argument("--rows", type=POSITIVE, default=1_000_000)
@@ -298,6 +308,11 @@ def cmd_bench_profile(a):
     print_profile(p)
     if a.json:
         Path(a.json).write_text(json.dumps(p, indent=2) + "\n")
+
+
+def cmd_bench_startup(a):
+    from .bench.startup import run_startup_bench
+    run_startup_bench(a.train, a.valid, a.test, a.work_dir, a.repeats, a.train_args, a.json)
 
 
 def cmd_bench_data(a):

@@ -8,7 +8,7 @@ import sys
 
 def end_process(code: int) -> None:
     """Exits with `code`. Once TensorFlow is loaded, its teardown at interpreter exit costs
-    about 1.7 s here (measured: docs/benchmarks.md) and writes nothing: every file ctrtrain
+    0.6-1.7 s here (docs/benchmarks.md: `ctrtrain bench startup`) and writes nothing: every file ctrtrain
     writes is closed by then, so a process of its own ends at once after flushing its output.
     A member of a TensorFlow cluster (TF_CONFIG, Horovod) takes the normal exit: its runtime
     says goodbye to the others (the coordination service's shutdown barrier)."""

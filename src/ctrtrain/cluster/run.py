@@ -10,7 +10,6 @@ supervisor as the local launcher; TensorFlow's gRPC runtime does the distributed
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 from ..errors import ConfigError
@@ -80,7 +79,8 @@ def resolve(environ=os.environ, mode: str = "single", processes_per_host: int = 
             hosts: list[str] | None = None, host_index: int | None = None,
             base_port: int = BASE_PORT) -> Resolved:
     if environ.get("TF_CONFIG") and not environ.get("CTRTRAIN_ROLE"):
-        cfg = json.loads(environ["TF_CONFIG"])
+        from ..environment import Environment
+        cfg = Environment(environ).tf_config
         try:
             cluster, task = cfg["cluster"], cfg["task"]
             role, index = task["type"], int(task["index"])
