@@ -322,7 +322,6 @@ def cmd_bench_data(a):
 
 
 FLAG_NAMES = {"train_dir": "--train", "valid_dir": "--valid", "test_dir": "--test"}
-THREAD_FLAGS = ("intra_op_threads", "inter_op_threads", "data_threads")
 
 
 def _flag_type(f):
@@ -361,9 +360,6 @@ def _train_commands(sub):
             groups[f.metadata["section"]].add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
             groups[f.metadata["section"]].add_argument(flag, type=_flag_type(f), **kw)
-    for name in THREAD_FLAGS:
-        groups["distribution"].add_argument("--" + name.replace("_", "-"), type=NON_NEGATIVE,
-                                            default=0, help="0 = automatic (default: 0)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("predict", help="batch inference with an exported SavedModel")
@@ -382,7 +378,6 @@ def train_config_from_args(a):
     one (ctrtrain tune)."""
     from .errors import ConfigError
     from .train.config import TrainConfig, load_config_file, table
-    from .train.threads import ThreadConfig
     from .train.tuned import tuned_settings
     values = load_config_file(a.config) if hasattr(a, "config") else {}
     values.update({f.name: getattr(a, f.name) for f in table() if hasattr(a, f.name)})
@@ -392,8 +387,7 @@ def train_config_from_args(a):
     if "batch_size" not in values and tuned_settings().get("batch_size"):
         values["batch_size"] = tuned_settings()["batch_size"]
     values.setdefault("progress", not values.get("quiet", False))
-    return TrainConfig(**values, threads=ThreadConfig(a.intra_op_threads, a.inter_op_threads,
-                                                      a.data_threads))
+    return TrainConfig(**values)
 
 
 def cmd_train(a):
@@ -408,7 +402,8 @@ def cmd_train(a):
     if r.get("predictions"):
         print(f"test predictions: {r['predictions']}")
     eps = r.get("examples_per_s")
-    print(f"summary: {r['step']} steps, " + (f"{eps:,.0f} examples/s after warm-up, " if eps else "")
+    print(f"summary: {r['step']} steps, " + (f"{eps:,.0f} examples/s after warm-up, " if eps else
+                                             "examples/s after warm-up: one log window, none, ")
           + f"input-bound {r['input_bound']:.1%}"
           + (f", test AUC {r['test']['auc']:.4f} logloss {r['test']['logloss']:.4f}"
              if r.get("test") else ""))

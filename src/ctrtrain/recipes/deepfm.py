@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 
 
-THREAD_SETTINGS = ("intra_op_threads", "inter_op_threads", "data_threads")
 # Set by the job, not by hyperparameters: the data and model locations come from the
 # channels and SM_* directories, the mode from the distribution.
 FROM_THE_JOB = ("train_dir", "valid_dir", "test_dir", "model_dir", "mode")
 
 
-def parse_hyperparameters(argv) -> tuple[dict, dict]:
-    """(settings, thread settings) from `--name value` pairs, as SageMaker passes
+def parse_hyperparameters(argv) -> dict:
+    """The settings given as `--name value` pairs, as SageMaker passes
     hyperparameters, parsed by the configuration table (train/config.py): unknown names and
     bad values are errors naming them; the public DeepFM sample's names (num_epochs,
     log_steps) are aliases."""
@@ -34,18 +33,15 @@ def parse_hyperparameters(argv) -> tuple[dict, dict]:
     from ..train.config import parse_value
     if len(argv) % 2 or any(not a.startswith("--") for a in argv[::2]):
         raise ConfigError(f"hyperparameters must be --name value pairs, got {argv[:6]}")
-    settings, threads = {}, {}
+    settings = {}
     for key, value in zip(argv[::2], argv[1::2]):
         name = key[2:].replace("-", "_")
-        if name in THREAD_SETTINGS:
-            threads[name] = int(value)
-            continue
         if name in FROM_THE_JOB:
             raise ConfigError(f"hyperparameter {name}: set by the job (its channels, output "
                               "and distribution), not a hyperparameter")
         name, parsed = parse_value(name, value)
         settings[name] = parsed
-    return settings, threads
+    return settings
 
 
 def main(argv=None) -> int:
@@ -56,8 +52,8 @@ def main(argv=None) -> int:
     from ..usage import print_usage
     try:
         env = Environment()
-        hps, thread_hps = parse_hyperparameters(argv if argv is not None else sys.argv[1:])
-        cfg = recipe_config(env, hps, thread_hps)
+        hps = parse_hyperparameters(argv if argv is not None else sys.argv[1:])
+        cfg = recipe_config(env, hps)
     except CtrError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -82,12 +78,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def recipe_config(env, hps: dict, thread_hps: dict):
+def recipe_config(env, hps: dict):
     """The training configuration of this process of the job: its channels, its part of the
     training data, the job's mode and data service, the hyperparameters."""
     from ..errors import ConfigError
     from ..train.config import TrainConfig
-    from ..train.threads import ThreadConfig
     pipe_evaluated = sorted(n for n, c in env.channels.items()
                             if c.input_mode == "Pipe" and not n.startswith("train"))
     if pipe_evaluated:
@@ -97,8 +92,6 @@ def recipe_config(env, hps: dict, thread_hps: dict):
     train_channel = env.channel(plan.channel if plan else "training")
     if not train_channel or not train_channel.path:
         raise ConfigError(f"no training channel (SM_CHANNEL_{(plan.channel if plan else 'training').upper()})")
-    threads = ThreadConfig(thread_hps.get("intra_op_threads", 0),
-                           thread_hps.get("inter_op_threads", 0), thread_hps.get("data_threads", 0))
     if hps.get("predictions") == "auto":      # beside the model: it travels with model.tar.gz
         hps["predictions"] = str(env.model_dir / "predictions.csv")
     # Checkpoints in SageMaker's /opt/ml/checkpoints (beside output/), shared by the hosts.
@@ -108,7 +101,7 @@ def recipe_config(env, hps: dict, thread_hps: dict):
                        test_dir=test.path if test else None, model_dir=str(ckpt_dir),
                        progress=False, input_mode=train_channel.input_mode, mode=env.mode.value,
                        read_plan=plan, data_service=env.data_service,
-                       processing_mode=env.data_service_mode, threads=threads, **hps)
+                       processing_mode=env.data_service_mode, **hps)
 
 
 if __name__ == "__main__":

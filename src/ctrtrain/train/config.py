@@ -197,6 +197,13 @@ class TrainConfig:
                                  "gather | dense", _choice("gather", "dense"))
     scale_lr: bool = setting(False, "distribution", "multiply the learning rate by the replicas",
                              _bool)
+    intra_op_threads: int = setting(0, "distribution", "TensorFlow's intra-op threads (0: "
+                                    "automatic: the launcher's share of the host, the tuned "
+                                    "value, else the cores)", _number(int, 0))
+    inter_op_threads: int = setting(0, "distribution", "TensorFlow's inter-op threads (0: "
+                                    "automatic)", _number(int, 0))
+    data_threads: int = setting(0, "distribution", "tf.data's private thread pool (0: half the "
+                                "intra-op threads)", _number(int, 0))
     threads: ThreadConfig = dataclasses.field(default_factory=ThreadConfig,
                                               metadata={"section": "distribution", "cli": False})
     data_service: str | None = setting(None, "distribution", "grpc://dispatcher (set by the job)")
@@ -218,6 +225,13 @@ class TrainConfig:
     # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
     SHAPE_FIELDS = ("embedding_size", "deep_layers", "batch_norm", "optimizer")
     POSITION_FIELDS = ("batch_size", "seed", "shuffle_buffer", "cache", "mode", "train_data")
+
+    def __post_init__(self):
+        # One name for each thread setting: the three fields above (flags, hyperparameters,
+        # files); `threads` is what the runtime applies, made from them when they are set.
+        given = (self.intra_op_threads, self.inter_op_threads, self.data_threads)
+        if any(given):
+            self.threads = ThreadConfig(*given)
 
     @property
     def dropout_rates(self) -> tuple[float, ...]:

@@ -245,8 +245,8 @@ def process_start_time() -> float:
 
 def steady_throughput(windows: list) -> float | None:
     """Examples/s after warm-up: the windows after the first (which pays for tracing and the
-    first batches), else the only one."""
-    use = windows[1:] or windows
+    first batches); None with a single window (log more often to see it)."""
+    use = windows[1:]
     seconds = sum(w["seconds"] for w in use)
     return sum(w["examples_per_s"] * w["seconds"] for w in use) / seconds if seconds else None
 
