@@ -56,6 +56,22 @@ class Trainer(Protocol):
     def evaluate(self, name: str, step: int, keep: bool = False) -> dict | None: ...
 
 
+class ChiefActions:
+    """What the trainers share around their steps: the final checkpoint and the evaluation of
+    a split (the chief's). A trainer sets cfg, manager, predict, log, feature_size and save()."""
+
+    def save_final(self, step: int) -> None:
+        from .model_dir import saved_at
+        if not saved_at(self.manager, step):
+            self.save(step)
+
+    def evaluate(self, name: str, step: int, keep: bool = False):
+        from .evaluate import evaluate_split
+        split_dir = self.cfg.valid_dir if name == "valid" else self.cfg.test_dir
+        return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
+                              keep=keep)
+
+
 @dataclasses.dataclass
 class Schedule:
     """When things happen, in steps (0 = never)."""

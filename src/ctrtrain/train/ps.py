@@ -36,11 +36,11 @@ import tensorflow as tf
 from ..errors import ConfigError
 from .. import heartbeat
 from .config import model_config, optimizer_params
-from .controller import Controller, StepStats, finish
+from .controller import ChiefActions, Controller, StepStats, finish
 from .inputs import check_data, planned_steps, schedule_of, train_read_error, training_dataset
 from .metrics_log import MetricsLog
 from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
-                        restore_checkpoint, saved_at, write_checkpoint)
+                        restore_checkpoint, write_checkpoint)
 
 MIN_SHARD_BYTES = 64 << 10    # below this a variable stays whole on one server
 
@@ -63,7 +63,7 @@ def bytes_per_server(variables) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-class PSTrainer:
+class PSTrainer(ChiefActions):
     """Schedules steps on the workers and joins them at every boundary the controller sets."""
 
     def __init__(self, cfg, coordinator, worker_step, iterator, model, opt, manager, stats,
@@ -101,16 +101,6 @@ class PSTrainer:
         self.coordinator.join()
         write_checkpoint(self.manager, step)
         self.log.event("checkpoint", step=step)
-
-    def save_final(self, step: int) -> None:
-        if not saved_at(self.manager, step):
-            self.save(step)
-
-    def evaluate(self, name: str, step: int, keep: bool = False):
-        from .evaluate import evaluate_split
-        split_dir = self.cfg.valid_dir if name == "valid" else self.cfg.test_dir
-        return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
-                              keep=keep)
 
 
 def train_parameter_server(cfg, threads) -> dict:

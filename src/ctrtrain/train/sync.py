@@ -16,15 +16,15 @@ import time
 from .. import heartbeat
 from ..errors import ConfigError
 from .config import TrainConfig, model_config, optimizer_params
-from .controller import Controller, StepStats, finish
+from .controller import ChiefActions, Controller, StepStats, finish
 from .inputs import (check_data, local_records, planned_steps, schedule_of, train_read_error,
                      training_dataset)
 from .metrics_log import MetricsLog
 from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
-                        restore_checkpoint, saved_at, write_checkpoint)
+                        restore_checkpoint, write_checkpoint)
 
 
-class SyncTrainer:
+class SyncTrainer(ChiefActions):
     """Runs steps of the compiled synchronous step on this process's input."""
 
     def __init__(self, cfg: TrainConfig, rt, model, opt, train_step, variables, manager,
@@ -70,16 +70,6 @@ class SyncTrainer:
         if self.rt.is_chief:
             write_checkpoint(self.manager, step)
             self.log.event("checkpoint", step=step)
-
-    def save_final(self, step: int) -> None:
-        if not saved_at(self.manager, step):
-            self.save(step)
-
-    def evaluate(self, name: str, step: int, keep: bool = False):
-        from .evaluate import evaluate_split
-        split_dir = self.cfg.valid_dir if name == "valid" else self.cfg.test_dir
-        return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
-                              keep=keep)
 
 
 def train_sync(cfg: TrainConfig, threads, rt) -> dict:
