@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -301,7 +302,6 @@ def test_resume_refuses_another_data_position_and_survives_damaged_checkpoints(t
 
 def test_sigterm_and_sigint_checkpoint_before_exiting(tmp_path, data):
     import signal
-    import sys
     import time
     md = tmp_path / "m"
     args = [sys.executable, "-m", "ctrtrain.cli", "train", "--train", data / "tf" / "train",
@@ -441,7 +441,8 @@ def test_disk_full_is_a_named_error_and_leaves_nothing_half_written(tmp_path, da
     small = tmp_path / "small"
     small.mkdir()
     script = (f"mount -t tmpfs -o size=300k tmpfs {small} && "
-              f"cd {os.getcwd()} && python -m ctrtrain.cli data convert {data / 'raw' / 'train'} "
+              f"cd {os.getcwd()} && {sys.executable} -m ctrtrain.cli data convert "
+              f"{data / 'raw' / 'train'} "
               f"--out {small / 'o'} --processes 1; echo EXIT=$?")
     r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
                        capture_output=True, text=True, timeout=300)
