@@ -186,7 +186,7 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None) -> d
                               spec.entry_point.args, user_args(spec.hyperparameters))
         if spec.topology.mode is Mode.HOROVOD and not p.is_server:
             # Every rank's training heartbeat counts as horovodrun's progress.
-            env[heartbeat.ENV] = str(sup.log_dir / "horovodrun.heartbeat")
+            env[heartbeat.ENV] = str(sup.heartbeat_path("horovodrun"))
             ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": str(base)})
         else:
             # A parameter-server worker may die: the coordinator reschedules its steps.

@@ -81,18 +81,23 @@ class Supervisor:
     def start(self, label: str, cmd: list[str], env: dict, cwd: str | None = None,
               server: bool = False, tolerated: bool = False) -> Managed:
         log_path = self.log_dir / (label.replace("/", "-") + ".log")
-        beat = self.log_dir / (label.replace("/", "-") + ".heartbeat")
-        env = {**env, heartbeat.ENV: env.get(heartbeat.ENV, str(beat))}
+        beat = self.heartbeat_path(label)
+        env = {**env, heartbeat.ENV: str(beat)}
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_die_with_parent)
         m = Managed(label, proc, server, log_path, collections.deque(maxlen=self.tail_lines),
-                    time.time(), heartbeat=Path(env[heartbeat.ENV]), tolerated=tolerated)
+                    time.time(), heartbeat=beat, tolerated=tolerated)
         self.procs.append(m)
         with open(self.pid_file, "a") as f:
             f.write(f"{proc.pid} {label}\n")
         threading.Thread(target=self._pump, args=(m,), daemon=True).start()
         return m
+
+    def heartbeat_path(self, label: str) -> Path:
+        """The heartbeat file of a process (CTRTRAIN_HEARTBEAT): its progress, as the
+        watchdog sees it."""
+        return self.log_dir / (label.replace("/", "-") + ".heartbeat")
 
     def report_error(self, message: str) -> None:
         """For helpers (pipe feeders): fails the job with this message."""
