@@ -12,21 +12,23 @@ from pathlib import Path
 from .errors import CtrError
 
 
-def _number(kind, low, high=None, low_open=False):
-    """An argparse type: a number of `kind` in [low, high] ((low, high] with low_open), so
-    nonsense such as --epochs -1 or --shards 0 is refused by name before anything runs."""
-    def parse(text: str):
+def _argparse_type(parse, name: str):
+    """An argparse type from a parser of the settings table (train/config.py): its ValueError
+    becomes argparse's message, so every flag is refused by name the same way."""
+    def typed(text):
         try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
-        if v != v or (v <= low if low_open else v < low) or (high is not None and v > high):
-            bound = f"> {low}" if low_open else f">= {low}"
-            raise argparse.ArgumentTypeError(
-                f"{text} is out of range (must be {bound}" + (f" and <= {high})" if high is not None else ")"))
-        return v
-    parse.__name__ = kind.__name__
-    return parse
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    typed.__name__ = name
+    return typed
+
+
+def _number(kind, low, high=None, low_open=False):
+    """A number of `kind` in [low, high] ((low, high] with low_open): nonsense such as
+    --shards 0 is refused by name before anything runs."""
+    from .train.config import number
+    return _argparse_type(number(kind, low, low_open=low_open, high=high), kind.__name__)
 
 
 POSITIVE = _number(int, 1)
@@ -34,14 +36,9 @@ NON_NEGATIVE = _number(int, 0)
 SECONDS = _number(float, 0)
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not out or min(out) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give one or more positive integers")
-    return out
+def _ints():
+    from .train.config import items, number
+    return _argparse_type(items(number(int, 1)), "integers")
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -207,7 +204,7 @@ def _bench_commands(sub):
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="WHAT")
     p = bsub.add_parser("data", help="libsvm -> TFRecord conversion and TFRecord read throughput")
     p.add_argument("--rows", type=POSITIVE, default=1_000_000)
-    p.add_argument("--processes", type=_ints, default=[1, 2], help="e.g. 1,2")
+    p.add_argument("--processes", type=_ints(), default=[1, 2], help="e.g. 1,2")
     p.add_argument("--repeats", type=POSITIVE, default=3)
     p.add_argument("--work-dir", default="runs/bench-data")
     p.add_argument("--json", default=None, help="also write the results here")
@@ -324,17 +321,6 @@ def cmd_bench_data(a):
 FLAG_NAMES = {"train_dir": "--train", "valid_dir": "--valid", "test_dir": "--test"}
 
 
-def _flag_type(f):
-    """argparse type from a setting's parser (its ValueError becomes argparse's message)."""
-    def parse(text):
-        try:
-            return f.metadata["parse"](text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    parse.__name__ = f.name
-    return parse
-
-
 def _train_commands(sub):
     from .train.config import SECTIONS, TrainConfig, table
     d = TrainConfig()
@@ -359,7 +345,7 @@ def _train_commands(sub):
         if isinstance(default, bool):
             groups[f.metadata["section"]].add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
-            groups[f.metadata["section"]].add_argument(flag, type=_flag_type(f), **kw)
+            groups[f.metadata["section"]].add_argument(flag, type=_argparse_type(f.metadata["parse"], f.name), **kw)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("predict", help="batch inference with an exported SavedModel")

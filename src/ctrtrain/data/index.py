@@ -11,7 +11,6 @@ import glob
 import os
 from pathlib import Path
 
-import numpy as np
 
 from ..errors import DataError
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
@@ -84,27 +83,12 @@ def index_files(files: list[str], *, names: list[str] | None = None,
 
 def _scan(path, fmt, field_size, compression, label_format):
     """(records, largest id, positives) of one file; the first bad record is an error."""
+    from .validate import file_rows
     n, top, pos = 0, -1, 0
-    if fmt == "tfrecord":
-        from .tfrecord import read_rows
-        for rows in read_rows(path, field_size, compression):
-            bad = ~(np.isin(rows.labels, (0, 1)) & (rows.ids >= 0).all(1)
-                    & np.isfinite(rows.values).all(1))
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise DataError(f"label {rows.labels[i]:g}, a negative id or a value that is not "
-                                "finite", path=path, record=n + i)
-            if len(rows):
-                top, pos = max(top, int(rows.ids.max())), pos + int(rows.labels.sum())
-            n += len(rows)
-        return n, top, pos
-    from .files import Segment, count_lines, read_line_blocks
-    from .libsvm import parse_libsvm
-    for first, text in read_line_blocks(Segment(path, 0, count_lines(path), 0), 50_000):
-        rows, bad = parse_libsvm(text, field_size, path=path, first_line=first + 1,
-                                 label_format=label_format)
+    for rows, bad in file_rows(path, fmt=fmt, field_size=field_size, feature_size=None,
+                               compression=compression, label_format=label_format):
         if bad:
-            raise bad[0].as_error()
+            raise bad[0]
         if len(rows):
             top, pos = max(top, int(rows.ids.max())), pos + int(rows.labels.sum())
         n += len(rows)

@@ -128,6 +128,8 @@ def read_manifest(directory: str | os.PathLike, check: bool = True) -> Manifest:
 def check_files(m: Manifest, directory: str | os.PathLike) -> None:
     """Cheap checks of the files against the manifest (stat, and for text a line count):
     `ctrtrain data validate` does the full ones (checksums, every record)."""
+    if m.format == "tfrecord" and m.compression is None:
+        lo, hi = record_size_bounds(m.field_size, m.feature_size)
     for entry, p in zip(m.files, m.paths(directory)):
         if not os.path.isfile(p):
             raise DataError("listed in the manifest but missing", path=p)
@@ -141,7 +143,6 @@ def check_files(m: Manifest, directory: str | os.PathLike) -> None:
             if n != entry.records:
                 raise DataError(f"{n} lines, the manifest says {entry.records} records", path=p)
         elif m.compression is None:
-            lo, hi = record_size_bounds(m.field_size, m.feature_size)
             if not entry.records * lo <= size <= entry.records * hi:
                 raise DataError(f"{size} bytes cannot hold the {entry.records} records the "
                                 f"manifest says ({lo} to {hi} bytes each)", path=p)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import DataError
 from .files import Segment, count_lines, read_line_blocks
-from .libsvm import parse_libsvm
+from .libsvm import Rows, parse_libsvm
 from .manifest import read_manifest, sha256_file
 
 
@@ -56,24 +56,25 @@ def validate(data_dir, *, max_bad_rows: int = 0, check_rows: bool = True) -> dic
 def _check_rows(path: str, m):
     """(good record count, [bad row descriptions]) of one file."""
     n, bad = 0, []
-    for count, errors in _file_rows(path, fmt=m.format, field_size=m.field_size,
-                                    feature_size=m.feature_size, compression=m.compression,
-                                    label_format=m.label_format):
-        n += count
+    for rows, errors in file_rows(path, fmt=m.format, field_size=m.field_size,
+                                  feature_size=m.feature_size, compression=m.compression,
+                                  label_format=m.label_format):
+        n += len(rows)
         bad += errors
     return n, bad
 
 
-def _file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
-               compression: str | None, label_format: str):
-    """Yields (good rows, [DataError per bad row]) block by block. A file that cannot be read
+def file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
+              compression: str | None, label_format: str = "01"):
+    """Yields (Rows of the good rows, [DataError per bad row]) block by block: labels 0/1,
+    ids in [0, feature_size) (only >= 0 when None), finite values. A file that cannot be read
     on (a corrupt or cut TFRecord) raises a DataError naming the record."""
     if fmt == "libsvm":
         seg = Segment(path, 0, count_lines(path), 0)
         for first, text in read_line_blocks(seg, 50_000):
             rows, b = parse_libsvm(text, field_size, path=path, first_line=first + 1,
                                    label_format=label_format, feature_size=feature_size)
-            yield len(rows), [x.as_error() for x in b]
+            yield rows, [x.as_error() for x in b]
         return
     from .tfrecord import read_rows
     n = 0
@@ -92,7 +93,7 @@ def _file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None
             else:
                 what = "a value is not finite"
             bad.append(DataError(what, path=path, record=n + int(i)))
-        yield len(rows) - len(bad), bad
+        yield Rows(rows.labels[ok], rows.ids[ok], rows.values[ok]), bad
         n += len(rows)
 
 
@@ -102,9 +103,9 @@ def first_bad_record(paths: list[str], *, fmt: str, field_size: int, feature_siz
     DataError naming file and record or line), or None."""
     for path in paths:
         try:
-            for _, bad in _file_rows(path, fmt=fmt, field_size=field_size,
-                                     feature_size=feature_size, compression=compression,
-                                     label_format=label_format):
+            for _, bad in file_rows(path, fmt=fmt, field_size=field_size,
+                                    feature_size=feature_size, compression=compression,
+                                    label_format=label_format):
                 if bad:
                     return bad[0]
         except DataError as e:

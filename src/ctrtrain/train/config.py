@@ -44,7 +44,7 @@ def _bool(v):
     raise ValueError(f"{v!r} is not true or false")
 
 
-def _number(kind, low=None, low_open=False, high=None, optional=False):
+def number(kind, low=None, low_open=False, high=None, optional=False):
     def parse(v):
         if optional and (v is None or str(v).strip().lower() in ("", "none", "null")):
             return None
@@ -64,7 +64,7 @@ def _number(kind, low=None, low_open=False, high=None, optional=False):
     return parse
 
 
-def _list(item, allow_scalar=False):
+def items(item, allow_scalar=False):
     """"400,400,400", "[400, 400]", a YAML list, or (allow_scalar) one value."""
     def parse(v):
         if isinstance(v, (list, tuple)):
@@ -80,7 +80,7 @@ def _list(item, allow_scalar=False):
 
 
 def _drop_rate(v):
-    x = _number(float, 0)(v)
+    x = number(float, 0)(v)
     if x >= 1:
         raise ValueError(f"{v} is not a drop rate in [0, 1)")
     return x
@@ -100,9 +100,9 @@ def _schedule(v):
     text = str(v).strip().lower().replace(" ", "")
     for unit in ("epochs", "epoch", "e"):
         if text.endswith(unit) and text[:-len(unit)]:
-            n = _number(float, 0, low_open=True)(text[:-len(unit)])
+            n = number(float, 0, low_open=True)(text[:-len(unit)])
             return f"{n:g} epochs"
-    return _number(int, 0)(v)
+    return number(int, 0)(v)
 
 
 def _path(v):
@@ -127,55 +127,55 @@ class TrainConfig:
     test_dir: str | None = setting(None, "data", "test data (as --train)", _path)
     feature_size: int | None = setting(
         None, "data", "embedding table rows (default: the data's; larger leaves room for new "
-        "ids)", _number(int, 1, optional=True))
+        "ids)", number(int, 1, optional=True))
     input_mode: str = setting("File", "data", "File | Pipe (set by the job)", None)
     field_size: int | None = setting(None, "data", "fields per example: Pipe only (a stream has "
-                                     "no manifest)", _number(int, 1, optional=True))
+                                     "no manifest)", number(int, 1, optional=True))
     data_format: str = setting("tfrecord", "data", "Pipe only: tfrecord | libsvm",
                                _choice("tfrecord", "libsvm"))
     label_format: str = setting("01", "data", "Pipe libsvm only: 01 | pm1", _choice("01", "pm1"))
     shuffle_buffer: int = setting(10_000, "data", "records in the shuffle buffer (0: no "
-                                  "shuffling)", _number(int, 0))
+                                  "shuffling)", number(int, 0))
     cache: bool = setting(False, "data", "keep the training records in memory after the first "
                           "epoch", _bool)
     parse: str = setting("vectorized", "data", "input parsing: vectorized (batch, then parse) | "
                          "scalar", _choice("vectorized", "scalar"))
     # model
-    embedding_size: int = setting(16, "model", "k, the embedding width", _number(int, 1))
+    embedding_size: int = setting(16, "model", "k, the embedding width", number(int, 1))
     deep_layers: tuple[int, ...] = setting((256, 128, 64), "model", "MLP widths, e.g. 400,400,400",
-                                           _list(_number(int, 1)))
+                                           items(number(int, 1)))
     dropout: float | tuple[float, ...] = setting(
         0.0, "model", "drop rate of the deep layers' outputs: one, or one per layer "
         "(0.5,0.5,0.5). The TF1 sample's values are keep probabilities: give 1 - p",
-        _list(_drop_rate, allow_scalar=True))
+        items(_drop_rate, allow_scalar=True))
     batch_norm: bool = setting(False, "model", "batch normalization in the MLP", _bool)
     l2_reg: float = setting(1e-6, "model", "L2 on the embedding rows a batch uses and on the MLP "
-                            "kernels", _number(float, 0))
+                            "kernels", number(float, 0))
     l2_embedding: float | None = setting(None, "model", "L2 on the embedding rows only "
-                                         "(default: l2_reg)", _number(float, 0, optional=True))
+                                         "(default: l2_reg)", number(float, 0, optional=True))
     l2_dense: float | None = setting(None, "model", "L2 on the MLP kernels only (default: "
-                                     "l2_reg)", _number(float, 0, optional=True))
+                                     "l2_reg)", number(float, 0, optional=True))
     xla: bool = setting(False, "model", "XLA-compile the MLP (the sparse part has dynamic shapes)",
                         _bool)
     mixed_precision: bool = setting(False, "model", "bfloat16 MLP compute", _bool)
     # optimizer
     optimizer: str = setting("adam", "optimizer", " | ".join(OPTIMIZERS), _choice(*OPTIMIZERS))
     learning_rate: float = setting(1e-3, "optimizer", "learning rate (0 freezes the model)",
-                                   _number(float, 0))
-    adam_beta1: float = setting(0.9, "optimizer", "Adam's beta1", _number(float, 0, high=1))
-    adam_beta2: float = setting(0.999, "optimizer", "Adam's beta2", _number(float, 0, high=1))
-    adam_epsilon: float = setting(1e-7, "optimizer", "Adam's epsilon", _number(float, 0, low_open=True))
+                                   number(float, 0))
+    adam_beta1: float = setting(0.9, "optimizer", "Adam's beta1", number(float, 0, high=1))
+    adam_beta2: float = setting(0.999, "optimizer", "Adam's beta2", number(float, 0, high=1))
+    adam_epsilon: float = setting(1e-7, "optimizer", "Adam's epsilon", number(float, 0, low_open=True))
     adagrad_initial_accumulator: float = setting(
-        0.1, "optimizer", "Adagrad's (and FTRL's) initial accumulator", _number(float, 0))
-    ftrl_l1: float = setting(0.0, "optimizer", "FTRL's L1", _number(float, 0))
-    ftrl_l2: float = setting(0.0, "optimizer", "FTRL's L2", _number(float, 0))
-    momentum: float = setting(0.9, "optimizer", "momentum (optimizer momentum)", _number(float, 0))
+        0.1, "optimizer", "Adagrad's (and FTRL's) initial accumulator", number(float, 0))
+    ftrl_l1: float = setting(0.0, "optimizer", "FTRL's L1", number(float, 0))
+    ftrl_l2: float = setting(0.0, "optimizer", "FTRL's L2", number(float, 0))
+    momentum: float = setting(0.9, "optimizer", "momentum (optimizer momentum)", number(float, 0))
     # schedule
-    batch_size: int = setting(1024, "schedule", "examples per step and replica", _number(int, 1))
+    batch_size: int = setting(1024, "schedule", "examples per step and replica", number(int, 1))
     epochs: float = setting(1.0, "schedule", "passes over the training data",
-                            _number(float, 0, low_open=True))
+                            number(float, 0, low_open=True))
     steps: int | None = setting(None, "schedule", "steps to train (overrides epochs)",
-                                _number(int, 1, optional=True))
+                                number(int, 1, optional=True))
     log_every: int | str = setting(100, "schedule", "log window: steps, or '0.1 epochs'",
                                    _schedule)
     eval_every: int | str = setting(0, "schedule", "evaluate the validation split every N steps "
@@ -183,27 +183,27 @@ class TrainConfig:
     checkpoint_every: int | str = setting(1000, "schedule", "checkpoint every N steps or 'X "
                                           "epochs' (0: at the end only)", _schedule)
     checkpoint_secs: float = setting(0.0, "schedule", "also checkpoint after this many seconds "
-                                     "(0: off)", _number(float, 0))
-    keep_checkpoints: int = setting(3, "schedule", "checkpoints kept", _number(int, 1))
+                                     "(0: off)", number(float, 0))
+    keep_checkpoints: int = setting(3, "schedule", "checkpoints kept", number(int, 1))
     early_stopping: int = setting(0, "schedule", "stop after this many evaluations without a "
-                                  "better validation AUC (0: off)", _number(int, 0))
-    seed: int = setting(0, "schedule", "seed of initialisation and shuffling", _number(int, 0))
+                                  "better validation AUC (0: off)", number(int, 0))
+    seed: int = setting(0, "schedule", "seed of initialisation and shuffling", number(int, 0))
     # distribution
     mode: str = setting("single", "distribution", "single | mirrored (the multi-process modes run "
                         "through `ctrtrain launch`, which sets them)", _choice(*MODES))
     devices: int = setting(2, "distribution", "mirrored on a CPU-only host: logical CPU devices",
-                           _number(int, 1))
+                           number(int, 1))
     sparse_reduce: str = setting("gather", "distribution", "table gradients across replicas: "
                                  "gather | dense", _choice("gather", "dense"))
     scale_lr: bool = setting(False, "distribution", "multiply the learning rate by the replicas",
                              _bool)
     intra_op_threads: int = setting(0, "distribution", "TensorFlow's intra-op threads (0: "
                                     "automatic: the launcher's share of the host, the tuned "
-                                    "value, else the cores)", _number(int, 0))
+                                    "value, else the cores)", number(int, 0))
     inter_op_threads: int = setting(0, "distribution", "TensorFlow's inter-op threads (0: "
-                                    "automatic)", _number(int, 0))
+                                    "automatic)", number(int, 0))
     data_threads: int = setting(0, "distribution", "tf.data's private thread pool (0: half the "
-                                "intra-op threads)", _number(int, 0))
+                                "intra-op threads)", number(int, 0))
     threads: ThreadConfig = dataclasses.field(default_factory=ThreadConfig,
                                               metadata={"section": "distribution", "cli": False})
     data_service: str | None = setting(None, "distribution", "grpc://dispatcher (set by the job)")

@@ -13,13 +13,12 @@ from pathlib import Path
 
 from ..errors import ConfigError, DataError
 from .config import TrainConfig
-
 from .metrics_log import METRICS
+
 RESULT = "result.json"
 CONFIG = "train_config.json"
 PREDICTIONS = "predictions.csv"
 CONFIG_YAML = "config.yaml"
-
 
 RUN_FILES = ("checkpoints", "logs", "export", METRICS, RESULT, CONFIG, CONFIG_YAML, PREDICTIONS)
 
@@ -90,7 +89,7 @@ def has_checkpoint(md: Path) -> bool:
     return any((md / "checkpoints").glob("ckpt-*.index"))
 
 
-def data_fingerprint(m, directory) -> str | None:
+def data_fingerprint(m) -> str | None:
     """Identity of the training data a data position refers to: its files' names, record
     counts and checksums (None for a Pipe stream, which has no files to name)."""
     import hashlib

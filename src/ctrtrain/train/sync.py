@@ -99,7 +99,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
         raise ConfigError(f"eval_every: in mode {cfg.mode} the chief evaluates at the end only "
                           "(evaluating mid-training would stall the other ranks)")
     md = prepare_model_dir(cfg, feature_size, m.field_size, write=rt.is_chief,
-                           train_data=data_fingerprint(m, cfg.train_dir))
+                           train_data=data_fingerprint(m))
     tf.random.set_seed(cfg.seed)
     lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
     with rt.scope():
