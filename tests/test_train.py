@@ -139,7 +139,8 @@ def test_every_optimizer_learns(synth, tmp_path, optimizer):
 
 
 def test_scale_lr_multiplies_the_step_by_the_replicas(synth, tmp_path):
-    # One SGD step from the same start on the same global batch: the output bias starts at 0,
+    # One SGD step from the same start on the same global batch: the output bias starts at 0
+    # (output_bias zero),
     # so after the step it is -lr x its gradient, and scale_lr over 2 replicas doubles it.
     import tensorflow as tf
     root, _ = synth
@@ -148,7 +149,7 @@ def test_scale_lr_multiplies_the_step_by_the_replicas(synth, tmp_path):
         md = tmp_path / name
         run_cli(*train_args(root, md, "--mode", "mirrored", "--devices", "2", "--steps", "1",
                             "--optimizer", "sgd", "--learning-rate", "0.1", "--no-export",
-                            "--shuffle-buffer", "0", *extra))
+                            "--shuffle-buffer", "0", "--output-bias", "zero", *extra))
         start = json.loads((md / "metrics.jsonl").read_text().splitlines()[0])
         assert start["replicas"] == 2
         assert start["learning_rate"] == pytest.approx(0.2 if extra else 0.1)

@@ -36,11 +36,12 @@ class DeepFMConfig:
     dropout: float | tuple[float, ...] = 0.0   # drop *rate* of the deep layers' outputs (or
                                                # one per layer)
     batch_norm: bool = False
-    l2_reg: float = 1e-6          # on the looked-up rows (and the MLP kernels: l2_dense None)
+    l2_dense: float = 0.0         # l2_dense * tf.nn.l2_loss(kernel) per MLP kernel (the table's
+                                  # L2 is its optimizer's: models/optimizers.py)
     mixed_precision: bool = False # bfloat16 MLP compute, float32 master weights
     xla: bool = False             # XLA-compile the MLP (the sparse part has dynamic shapes)
     seed: int = 0
-    l2_dense: float | None = None # on the MLP kernels; None: l2_reg
+    initial_bias: float = 0.0     # the output bias at the start: logit of the positive rate
 
     def rates(self) -> tuple[float, ...]:
         d = self.dropout
@@ -61,7 +62,9 @@ class DeepFM(tf.Module):
         self.table = tf.Variable(
             lambda: tf.concat([tf.zeros([cfg.feature_size, 1]), init_v([cfg.feature_size, k])], 1),
             name="fm_table", shape=(cfg.feature_size, 1 + k), dtype=tf.float32)
-        self.bias = tf.Variable(0.0, name="bias")
+        # Starting at the data's base rate, early steps are calibrated on rare-positive data
+        # instead of spending themselves on moving the bias from 0.5.
+        self.bias = tf.Variable(float(cfg.initial_bias), name="bias")
         self.kernels, self.biases, self.bn = [], [], []
         width = cfg.field_size * (1 + k)
         self.input_mask = tf.constant(
@@ -88,12 +91,18 @@ class DeepFM(tf.Module):
         bn = [v for b in self.bn for v in (b.gamma, b.beta)]
         return [v for var in [self.bias] + self.kernels + self.biases + bn for v in shards(var)]
 
-    def __call__(self, ids, values, training: bool = False):
-        """Returns (logits [B], l2 penalty of what this batch used)."""
+    def __call__(self, ids, values, training: bool = False, row_correction=None):
+        """Returns (logits [B], the MLP kernels' L2 penalty). `row_correction(table, rows)`:
+        the optimizer's offset of stored rows from their current values (a catch-up optimizer
+        applies skipped steps only when a row is next updated), read without gradient."""
         cfg = self.cfg
         x = tf.expand_dims(values, -1)                                   # [B, F, 1]
         distinct, where = tf.unique(tf.reshape(ids, [-1]))
         table_rows = tf.nn.embedding_lookup(self.table, distinct)        # [U, 1 + k]
+        if row_correction is not None and isinstance(self.table, tf.Variable):
+            offset = row_correction(self.table, distinct)
+            if offset is not None:
+                table_rows = table_rows - tf.stop_gradient(offset)
         rows = tf.reshape(tf.gather(table_rows, where), [-1, cfg.field_size, 1 + cfg.embedding_size])
         scaled = rows * x                                                # [B, F, 1 + k]
         summed = tf.reduce_sum(scaled, 1)                                # [B, 1 + k]
@@ -102,14 +111,8 @@ class DeepFM(tf.Module):
         deep = self._mlp(tf.reshape(scaled, [-1, cfg.field_size * (1 + cfg.embedding_size)]), training)
         logits = self.bias + first + fm + deep
         l2 = 0.0
-        l2_dense = cfg.l2_reg if cfg.l2_dense is None else cfg.l2_dense
-        if cfg.l2_reg:
-            batch = tf.cast(tf.shape(ids)[0], tf.float32)
-            # On the distinct rows the batch used (not on the whole table, which would make
-            # every step O(table)).
-            l2 = cfg.l2_reg * tf.reduce_sum(tf.square(table_rows)) / batch
-        if l2_dense:
-            l2 = l2 + l2_dense * tf.add_n([tf.reduce_sum(tf.square(k)) for k in self.kernels])
+        if cfg.l2_dense:
+            l2 = cfg.l2_dense * tf.add_n([tf.nn.l2_loss(k) for k in self.kernels])
         return logits, l2
 
 

@@ -1,9 +1,31 @@
-"""Sparse-aware optimizers: an embedding update costs O(rows in the batch), not O(table).
+"""Optimizers for a CTR model: an embedding table's update costs O(rows in the batch), not
+O(table), with the result of the dense update.
 
-Gradients of looked-up tables arrive as tf.IndexedSlices; they are summed per distinct row
-and applied to those rows only (lazy Adam; TensorFlow's own sparse kernels for Adagrad, FTRL
-and momentum). Dense gradients use TensorFlow's fused kernels. Slots are created up front (`build`), each
-colocated with its variable (`colocate_vars_with`: beside its shard on a parameter server, never
+A batch touches a few thousand of a table's rows. Dense Adam (Keras, the SageMaker DeepFM
+sample, DeepCTR) still moves every row at every step: the moments of an untouched row decay
+and the row keeps drifting along them. Three ways to update a table (`table_updates`):
+
+- `catchup` (default): a row not in the batch is left alone, and when it is next touched (or
+  when the table is read whole: evaluation, export, `settle`) it is first brought to where the
+  dense update would have taken it in the steps it skipped. Each table keeps a per-row counter
+  of the last step applied to it; the skipped decay of Adam's moments is beta^k, and the drift
+  is a closed form in sums of the skipped steps' learning rates, read from tables of suffix
+  sums computed once (`_AdamDrift`). Exact for momentum, Adagrad and FTRL; for Adam exact
+  where eps is negligible beside sqrt(v) or dominates it, and close between (measured in
+  tests/test_table_updates.py). The forward pass reads a batch's rows as caught up
+  (`row_correction`), so each gradient is taken where dense training would take it.
+- `lazy`: rows not in the batch neither move nor decay (TensorFlow's LazyAdam). Cheapest; the
+  model learns more slowly where the table is much larger than a batch's rows.
+- `dense`: every row at every step, with TensorFlow's dense kernels: the reference, O(table).
+
+The table's L2 (`table_l2`, the sample's `l2_reg * tf.nn.l2_loss(table)`) is added to the
+gradient here, after any cross-replica reduction: on every row at every step in `dense`, on the
+rows a batch touches in `catchup` and `lazy` (an untouched row's L2 is not caught up: the
+difference is measured in docs/quality.md).
+
+Gradients of looked-up tables arrive as tf.IndexedSlices, summed here per distinct row. Dense
+gradients use TensorFlow's fused kernels. Slots are created up front (`build`), each colocated
+with its variable (`colocate_vars_with`: beside its shard on a parameter server, never
 partitioned itself; mirrored where the variable is mirrored).
 
 Every update is a resource op on `var.handle`. Under a mirrored strategy (one host's devices,
@@ -15,9 +37,13 @@ table shards on the servers) and Horovod (plain variables).
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import tensorflow as tf
 
 raw = tf.raw_ops
+TABLE_UPDATES = ("catchup", "lazy", "dense")
 
 
 def _dedupe(g: tf.IndexedSlices):
@@ -25,31 +51,54 @@ def _dedupe(g: tf.IndexedSlices):
     return tf.math.unsorted_segment_sum(g.values, where, tf.shape(rows)[0]), rows
 
 
+def _gather(var, rows):
+    return raw.ResourceGather(resource=var.handle, indices=rows, dtype=var.dtype)
+
+
 class Optimizer(tf.Module):
     slot_names: tuple[str, ...] = ()
     slot_init: dict[str, float] = {}
+    catches_up = False   # has a per-row last-step counter in `catchup` mode
 
-    def __init__(self, learning_rate: float, name=None):
+    def __init__(self, learning_rate: float, name=None, table_updates: str = "catchup",
+                 table_l2: float = 0.0):
         super().__init__(name=name)
+        from ..errors import ConfigError
+        if table_updates not in TABLE_UPDATES:
+            raise ConfigError(f"table_updates must be one of {', '.join(TABLE_UPDATES)}, "
+                              f"not {table_updates!r}")
         self.learning_rate = learning_rate
+        self.table_updates, self.table_l2 = table_updates, table_l2
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
         self.slots: list[dict[str, tf.Variable]] = []
         self._index: dict[int, int] = {}
+        self._tables: list = []
 
     def build(self, variables, tables=()):
         """Creates the slots of each variable (call inside the strategy's scope if any).
-        `tables`: the embedding tables (or table shards) among them (updated sparsely)."""
+        `tables`: the embedding tables (or table shards) among them (updated per table_updates)."""
         table_ids = {id(t) for t in tables}
         for var in variables:
             self._index[id(var)] = len(self.slots)
-            self.slots.append({n: _slot(var, n, shape, self.slot_init.get(n, 0.0))
-                               for n, shape in self._slot_shapes(var, id(var) in table_ids)})
+            if id(var) in table_ids:
+                self._tables.append(var)
+            is_table = self.is_table(var)
+            slots = {n: _slot(var, n, shape, self.slot_init.get(n, 0.0))
+                     for n, shape in self._slot_shapes(var, is_table)}
+            if is_table:
+                if self.catches_up and self.table_updates == "catchup":
+                    slots["last_step"] = _slot(var, "last_step", var.shape[:1], 0, tf.int64)
+            self.slots.append(slots)
 
     def _slot_shapes(self, var, is_table: bool):
         return [(n, var.shape) for n in self.slot_names]
 
     def slot(self, var, name):
         return self.slots[self._index[id(var)]][name]
+
+    def is_table(self, var) -> bool:
+        """A table updated sparsely (catchup or lazy)."""
+        return self.table_updates != "dense" and any(var is t for t in self._tables)
 
     def apply_gradients(self, grads_and_vars, unique_indices: bool = False):
         """`unique_indices`: sparse gradients are already summed per distinct row."""
@@ -58,11 +107,50 @@ class Optimizer(tf.Module):
         for g, v in grads_and_vars:
             if g is None:
                 continue
-            if isinstance(g, tf.IndexedSlices):
+            sparse_table = self.is_table(v)
+            if isinstance(g, tf.IndexedSlices) and sparse_table:
                 values, rows = (g.values, g.indices) if unique_indices else _dedupe(g)
-                self._sparse(v, values, rows)
-            else:
+            elif sparse_table:    # densified on the way (sparse_reduce: dense): every row
+                values, rows = g, tf.range(tf.shape(g, out_type=tf.int64)[0])
+            else:                 # a dense variable, or a table in `dense` mode
+                g = tf.convert_to_tensor(g)
+                if self.table_l2 and any(v is t for t in self._tables):
+                    g = g + self.table_l2 * v
                 self._dense(v, g)
+                continue
+            if self.table_l2:
+                values = values + self.table_l2 * _gather(v, rows)
+            self._sparse(v, values, rows)
+
+    def settle(self):
+        """Brings every row of every table to the current step (catchup mode; a no-op
+        otherwise): before the table is read whole (evaluation, export). O(table)."""
+        if self.table_updates != "catchup":
+            return
+        for var in self._tables:
+            self._settle(var, tf.range(tf.shape(var, out_type=tf.int64)[0]))
+
+    def _settle(self, var, rows):
+        pass
+
+    def row_correction(self, var, rows):
+        """What to subtract from the stored rows to read them as the dense update would have
+        left them (catchup mode), without changing anything: the forward pass reads rows
+        through it, so that a step's gradient is taken where dense training would take it.
+        None when stored rows are already current."""
+        return None
+
+    def _idle_steps(self, var, rows, settle: bool):
+        """(the rows' last steps, the steps each skipped: up to the current step t when
+        settling, up to t - 1 before applying step t); their counters are set to t. Never
+        negative: under parameter servers another worker may have counted a step meanwhile."""
+        t = tf.identity(self.iterations)
+        last_step = self.slot(var, "last_step")
+        last = _gather(last_step, rows)
+        k = tf.maximum(t - last - (0 if settle else 1), 0)
+        raw.ResourceScatterUpdate(resource=last_step.handle, indices=rows,
+                                  updates=tf.fill(tf.shape(rows), t))
+        return last, k
 
     def _dense(self, var, grad):
         raise NotImplementedError
@@ -71,19 +159,71 @@ class Optimizer(tf.Module):
         raise NotImplementedError
 
 
+class _AdamDrift:
+    """How far k steps without gradient after step a move a row, in Adam.
+
+    Step a + j moves it by lr_{a+j} beta1^j m / (beta2^(j/2) sqrt(v) + eps), where (m, v) are
+    the row's moments after step a and lr_s = lr sqrt(1 - beta2^s) / (1 - beta1^s). With
+    D_c(a, k) = sum_{j=1..k} lr_{a+j} c^j, the sum is exactly m D_r / sqrt(v) where eps << sqrt(v)
+    (r = beta1 / sqrt(beta2)), and exactly m D_b1 / eps where sqrt(v) << eps; the drift used,
+    m D_r / (sqrt(v) + eps D_r / D_b1), is exact at both ends and between them within the
+    bound measured in tests/test_table_updates.py. With G_c(s) = sum_{j>=1} lr_{s+j} c^j
+    (bounded for c < 1), D_c(a, k) = G_c(a) - c^k G_c(a + k); G_c is tabulated up to the step
+    T where the bias corrections reach 1 within 1e-9, and is constant beyond it."""
+
+    def __init__(self, lr: float, beta1: float, beta2: float):
+        from ..errors import ConfigError
+        self.ratios = (beta1 / math.sqrt(beta2), beta1)
+        if self.ratios[0] >= 1:
+            raise ConfigError(f"table_updates catchup needs adam_beta1 < sqrt(adam_beta2) (the "
+                              f"skipped drift is a series in beta1/sqrt(beta2) = "
+                              f"{self.ratios[0]:.4f}); use table_updates: dense")
+        T = int(min(4_000_000, math.ceil(math.log(1e-9) / math.log(max(beta1, beta2))) + 1))
+        s = np.arange(1, T + 2, dtype=np.float64)
+        lr_s = lr * np.sqrt(1 - beta2 ** s) / (1 - beta1 ** s)      # lr_1 .. lr_{T+1}
+        self.T, self.tables = T, []
+        for c in self.ratios:
+            g = np.empty(T + 1)
+            g[T] = lr * c / (1 - c)
+            for i in range(T - 1, -1, -1):                           # G(i) = c (lr_{i+1} + G(i+1))
+                g[i] = c * (lr_s[i] + g[i + 1])
+            self.tables.append(g)
+
+    def sums(self, a, k):
+        """(D_r(a, k), D_b1(a, k)) per row, float32 [rows, 1]."""
+        out = []
+        for c, g in zip(self.ratios, self.tables):
+            G = tf.constant(g, tf.float64)
+            ga = tf.gather(G, tf.minimum(a, self.T))
+            gb = tf.gather(G, tf.minimum(a + k, self.T))
+            d = ga - tf.pow(tf.constant(c, tf.float64), tf.cast(k, tf.float64)) * gb
+            out.append(tf.cast(d, tf.float32)[:, None])
+        return out
+
+    def __call__(self, m, v, a, k, epsilon: float):
+        d_r, d_b1 = self.sums(a, k)
+        return tf.math.divide_no_nan(
+            m * d_r, tf.sqrt(v) + epsilon * tf.math.divide_no_nan(d_r, d_b1))
+
+
 class Adam(Optimizer):
-    """Adam; on embedding rows the lazy variant (moments of untouched rows do not decay).
-    Both moments share one slot [rows, 2 * width] so a sparse step gathers and scatters once."""
-    slot_names = ("moments",)
+    """Adam (TensorFlow's ResourceApplyAdam: lr_t = lr sqrt(1-beta2^t)/(1-beta1^t), eps outside
+    the root). On table rows both moments share one slot [rows, 2 * width], so a sparse step
+    gathers and scatters once."""
+    slot_names = ("m", "v")
+    catches_up = True
 
     def _slot_shapes(self, var, is_table: bool):
         if is_table:
             return [("moments", [var.shape[0], 2 * var.shape[1]])]
         return [("m", var.shape), ("v", var.shape)]
 
-    def __init__(self, learning_rate=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-7, name="adam"):
-        super().__init__(learning_rate, name)
+    def __init__(self, learning_rate=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-7, name="adam",
+                 **table):
+        super().__init__(learning_rate, name, **table)
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+        self._drift = (_AdamDrift(learning_rate, beta1, beta2)
+                       if self.table_updates == "catchup" else None)
 
     def _powers(self):
         t = tf.cast(self.iterations, tf.float32)
@@ -91,33 +231,60 @@ class Adam(Optimizer):
 
     def _dense(self, var, grad):
         b1p, b2p = self._powers()
-        if "moments" in self.slots[self._index[id(var)]]:  # a table with a dense gradient
-            return self._sparse(var, grad, tf.range(tf.shape(grad, out_type=tf.int64)[0]))
         raw.ResourceApplyAdam(var=var.handle, m=self.slot(var, "m").handle,
                               v=self.slot(var, "v").handle, beta1_power=b1p, beta2_power=b2p,
                               lr=self.learning_rate, beta1=self.beta1, beta2=self.beta2,
                               epsilon=self.epsilon, grad=grad)
 
+    def _caught_up(self, var, rows, settle: bool = False):
+        """The rows' moments after the steps they skipped, and the drift those steps owe."""
+        moments = self.slot(var, "moments")
+        m, v = tf.split(_gather(moments, rows), 2, axis=1)
+        if self._drift is None:
+            return m, v, 0.0
+        last, k = self._idle_steps(var, rows, settle)
+        return self._decayed(m, v, last, k)
+
+    def _decayed(self, m, v, last, k):
+        drift = self._drift(m, v, last, k, self.epsilon)
+        kf = tf.cast(k, tf.float32)[:, None]
+        return tf.pow(self.beta1, kf) * m, tf.pow(self.beta2, kf) * v, drift
+
+    def row_correction(self, var, rows):
+        if self._drift is None:
+            return None
+        # Read before this step counts: the rows as of the end of the previous step.
+        m, v = tf.split(_gather(self.slot(var, "moments"), rows), 2, axis=1)
+        last = _gather(self.slot(var, "last_step"), rows)
+        return self._decayed(m, v, last, tf.maximum(self.iterations - last, 0))[2]
+
     def _sparse(self, var, grad, rows):
         b1p, b2p = self._powers()
         lr = self.learning_rate * tf.sqrt(1 - b2p) / (1 - b1p)
-        moments = self.slot(var, "moments")
-        old_m, old_v = tf.split(raw.ResourceGather(resource=moments.handle, indices=rows,
-                                                   dtype=moments.dtype), 2, axis=1)
-        m_rows = self.beta1 * old_m + (1 - self.beta1) * grad
-        v_rows = self.beta2 * old_v + (1 - self.beta2) * tf.square(grad)
-        raw.ResourceScatterUpdate(resource=moments.handle, indices=rows,
-                                  updates=tf.concat([m_rows, v_rows], 1))
+        m, v, drift = self._caught_up(var, rows)
+        m = self.beta1 * m + (1 - self.beta1) * grad
+        v = self.beta2 * v + (1 - self.beta2) * tf.square(grad)
+        raw.ResourceScatterUpdate(resource=self.slot(var, "moments").handle, indices=rows,
+                                  updates=tf.concat([m, v], 1))
         raw.ResourceScatterSub(resource=var.handle, indices=rows,
-                               updates=lr * m_rows / (tf.sqrt(v_rows) + self.epsilon))
+                               updates=drift + lr * m / (tf.sqrt(v) + self.epsilon))
+
+    def _settle(self, var, rows):
+        m, v, drift = self._caught_up(var, rows, settle=True)
+        raw.ResourceScatterUpdate(resource=self.slot(var, "moments").handle, indices=rows,
+                                  updates=tf.concat([m, v], 1))
+        raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=drift)
 
 
 class Adagrad(Optimizer):
+    """Adagrad. A row without gradient does not move, so `catchup` and `lazy` are dense's
+    result exactly."""
     slot_names = ("accumulator",)
     slot_init = {"accumulator": 0.1}
 
-    def __init__(self, learning_rate=0.05, epsilon=1e-7, initial_accumulator=0.1, name="adagrad"):
-        super().__init__(learning_rate, name)
+    def __init__(self, learning_rate=0.05, epsilon=1e-7, initial_accumulator=0.1,
+                 name="adagrad", **table):
+        super().__init__(learning_rate, name, **table)
         self.epsilon = epsilon
         self.slot_init = {"accumulator": initial_accumulator}
 
@@ -132,12 +299,16 @@ class Adagrad(Optimizer):
 
 
 class Ftrl(Optimizer):
+    """FTRL-proximal. A row's weights are a function of its accumulator and linear slot,
+    which a step without gradient leaves unchanged: dense FTRL sets every row to that function
+    at its first step (rows never touched become 0, not their initial value). `catchup` does
+    the same to the rows a step touches and, in `settle`, to all."""
     slot_names = ("accumulator", "linear")
     slot_init = {"accumulator": 0.1}
 
     def __init__(self, learning_rate=0.05, l1=0.0, l2=0.0, lr_power=-0.5, initial_accumulator=0.1,
-                 name="ftrl"):
-        super().__init__(learning_rate, name)
+                 name="ftrl", **table):
+        super().__init__(learning_rate, name, **table)
         self.l1, self.l2, self.lr_power = l1, l2, lr_power
         self.slot_init = {"accumulator": initial_accumulator}
 
@@ -147,19 +318,45 @@ class Ftrl(Optimizer):
                               lr=self.learning_rate, l1=self.l1, l2=self.l2, lr_power=self.lr_power)
 
     def _sparse(self, var, grad, rows):
+        if self.table_updates == "catchup":   # as the steps before this one left them
+            raw.ResourceScatterUpdate(resource=var.handle, indices=rows,
+                                      updates=self._weights(var, rows, self.iterations - 1))
         raw.ResourceSparseApplyFtrl(var=var.handle, accum=self.slot(var, "accumulator").handle,
                                     linear=self.slot(var, "linear").handle, grad=grad, indices=rows,
                                     lr=self.learning_rate, l1=self.l1, l2=self.l2,
                                     lr_power=self.lr_power)
 
+    def _weights(self, var, rows, steps_done):
+        """The rows' weights as dense steps would have set them from their slots."""
+        accum = _gather(self.slot(var, "accumulator"), rows)
+        linear = _gather(self.slot(var, "linear"), rows)
+        quadratic = tf.pow(accum, -self.lr_power) / self.learning_rate + 2 * self.l2
+        w = tf.where(tf.abs(linear) > self.l1,
+                     (tf.sign(linear) * self.l1 - linear) / quadratic, tf.zeros_like(linear))
+        # Before the first step no dense step has run: rows keep their initial values.
+        return tf.where(steps_done > 0, w, _gather(var, rows))
+
+    def _settle(self, var, rows):
+        raw.ResourceScatterUpdate(resource=var.handle, indices=rows,
+                                  updates=self._weights(var, rows, self.iterations))
+
+    def row_correction(self, var, rows):
+        if self.table_updates != "catchup":
+            return None
+        return _gather(var, rows) - self._weights(var, rows, self.iterations)
+
 
 class Momentum(Optimizer):
-    """SGD with momentum (momentum=0: plain SGD, no slot)."""
+    """SGD with momentum (TensorFlow's: accum = momentum accum + g; var -= lr accum;
+    momentum=0: plain SGD, no slot). Without gradient a row keeps moving by lr momentum^j accum:
+    `catchup` adds the skipped steps' sum, lr accum momentum (1 - momentum^k) / (1 - momentum)."""
+    catches_up = True
 
-    def __init__(self, learning_rate=0.01, momentum=0.9, name="momentum"):
-        super().__init__(learning_rate, name)
+    def __init__(self, learning_rate=0.01, momentum=0.9, name="momentum", **table):
+        super().__init__(learning_rate, name, **table)
         self.momentum = momentum
         self.slot_names = ("momentum",) if momentum else ()
+        self.catches_up = bool(momentum)
 
     def _dense(self, var, grad):
         if self.momentum:
@@ -168,20 +365,50 @@ class Momentum(Optimizer):
         else:
             raw.ResourceApplyGradientDescent(var=var.handle, alpha=self.learning_rate, delta=grad)
 
+    def _caught_up(self, var, rows, settle: bool = False):
+        accum = _gather(self.slot(var, "momentum"), rows)
+        _, k = self._idle_steps(var, rows, settle)
+        mk = tf.pow(self.momentum, tf.cast(k, tf.float32))[:, None]
+        drift = self.learning_rate * accum * self.momentum * (1 - mk) / (1 - self.momentum)
+        return mk * accum, drift
+
+    def row_correction(self, var, rows):
+        if not (self.momentum and self.table_updates == "catchup"):
+            return None
+        accum = _gather(self.slot(var, "momentum"), rows)
+        k = tf.maximum(self.iterations - _gather(self.slot(var, "last_step"), rows), 0)
+        mk = tf.pow(self.momentum, tf.cast(k, tf.float32))[:, None]
+        return self.learning_rate * accum * self.momentum * (1 - mk) / (1 - self.momentum)
+
     def _sparse(self, var, grad, rows):
-        if self.momentum:
+        if not self.momentum:
+            raw.ResourceScatterSub(resource=var.handle, indices=rows,
+                                   updates=self.learning_rate * grad)
+        elif self.table_updates != "catchup":
             raw.ResourceSparseApplyMomentum(var=var.handle, accum=self.slot(var, "momentum").handle,
                                             lr=self.learning_rate, grad=grad, indices=rows,
                                             momentum=self.momentum)
         else:
+            accum, drift = self._caught_up(var, rows)
+            accum = self.momentum * accum + grad
+            raw.ResourceScatterUpdate(resource=self.slot(var, "momentum").handle, indices=rows,
+                                      updates=accum)
             raw.ResourceScatterSub(resource=var.handle, indices=rows,
-                                   updates=self.learning_rate * grad)
+                                   updates=drift + self.learning_rate * accum)
+
+    def _settle(self, var, rows):
+        if not self.momentum:
+            return
+        accum, drift = self._caught_up(var, rows, settle=True)
+        raw.ResourceScatterUpdate(resource=self.slot(var, "momentum").handle, indices=rows,
+                                  updates=accum)
+        raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=drift)
 
 
-def _slot(var, name: str, shape, value: float):
+def _slot(var, name: str, shape, value: float, dtype=None):
     strategy = tf.distribute.get_strategy()
     with strategy.extended.colocate_vars_with(var):
-        return tf.Variable(tf.fill(shape, tf.constant(value, var.dtype)), trainable=False,
+        return tf.Variable(tf.fill(shape, tf.constant(value, dtype or var.dtype)), trainable=False,
                            name=f"{var.name.split(':')[0]}/{name}")
 
 
@@ -190,10 +417,12 @@ OPTIMIZERS = {"adam": Adam, "adagrad": Adagrad, "ftrl": Ftrl, "sgd": Momentum, "
 
 def make_optimizer(name: str, learning_rate: float, **params) -> Optimizer:
     """`params`: the optimizer's own settings (Adam's beta1, beta2, epsilon; Adagrad's and
-    FTRL's initial_accumulator; FTRL's l1, l2; momentum)."""
+    FTRL's initial_accumulator; FTRL's l1, l2; momentum) and how tables are updated
+    (table_updates, table_l2)."""
     from ..errors import ConfigError
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r} (allowed: {', '.join(OPTIMIZERS)})")
     if name == "sgd":
-        return Momentum(learning_rate, momentum=0.0, name="sgd")
+        params.pop("momentum", None)
+        return Momentum(learning_rate, momentum=0.0, name="sgd", **params)
     return OPTIMIZERS[name](learning_rate, **params)

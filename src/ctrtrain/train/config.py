@@ -26,6 +26,7 @@ from .threads import ThreadConfig
 
 SECTIONS = ("data", "model", "optimizer", "schedule", "distribution", "output")
 OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "momentum")
+TABLE_UPDATES = ("catchup", "lazy", "dense")   # models/optimizers.py: what each means
 MODES = tuple(m.value for m in Mode)
 # The public SageMaker DeepFM sample's hyperparameter names for the same settings.
 ALIASES = {"num_epochs": "epochs", "log_steps": "log_every"}
@@ -149,12 +150,16 @@ class TrainConfig:
         "(0.5,0.5,0.5). The TF1 sample's values are keep probabilities: give 1 - p",
         items(_drop_rate, allow_scalar=True))
     batch_norm: bool = setting(False, "model", "batch normalization in the MLP", _bool)
-    l2_reg: float = setting(1e-6, "model", "L2 on the embedding rows a batch uses and on the MLP "
-                            "kernels", number(float, 0))
-    l2_embedding: float | None = setting(None, "model", "L2 on the embedding rows only "
+    l2_reg: float = setting(1e-6, "model", "L2 as the SageMaker sample's: l2_reg * "
+                            "tf.nn.l2_loss(w) on the embedding table (see table_updates) and "
+                            "the MLP kernels", number(float, 0))
+    l2_embedding: float | None = setting(None, "model", "L2 on the embedding table only "
                                          "(default: l2_reg)", number(float, 0, optional=True))
     l2_dense: float | None = setting(None, "model", "L2 on the MLP kernels only (default: "
                                      "l2_reg)", number(float, 0, optional=True))
+    output_bias: str = setting("prior", "model", "the output bias at the start: prior (the "
+                               "logit of the training data's positive rate) | zero",
+                               _choice("prior", "zero"))
     xla: bool = setting(False, "model", "XLA-compile the MLP (the sparse part has dynamic shapes)",
                         _bool)
     mixed_precision: bool = setting(False, "model", "bfloat16 MLP compute", _bool)
@@ -170,6 +175,11 @@ class TrainConfig:
     ftrl_l1: float = setting(0.0, "optimizer", "FTRL's L1", number(float, 0))
     ftrl_l2: float = setting(0.0, "optimizer", "FTRL's L2", number(float, 0))
     momentum: float = setting(0.9, "optimizer", "momentum (optimizer momentum)", number(float, 0))
+    table_updates: str = setting(
+        "catchup", "optimizer", "how the embedding table is updated: catchup (the dense "
+        "optimizer's result at the cost of the rows a batch touches) | lazy (untouched rows "
+        "neither move nor decay) | dense (every row every step: the reference, O(table))",
+        _choice(*TABLE_UPDATES))
     # schedule
     batch_size: int = setting(1024, "schedule", "examples per step and replica", number(int, 1))
     epochs: float = setting(1.0, "schedule", "passes over the training data",
@@ -223,7 +233,7 @@ class TrainConfig:
 
     # Fields that must match for a checkpoint to be resumed: the variables' shapes, and where
     # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
-    SHAPE_FIELDS = ("embedding_size", "deep_layers", "batch_norm", "optimizer")
+    SHAPE_FIELDS = ("embedding_size", "deep_layers", "batch_norm", "optimizer", "table_updates")
     POSITION_FIELDS = ("batch_size", "seed", "shuffle_buffer", "cache", "mode", "train_data")
 
     def __post_init__(self):
@@ -345,18 +355,25 @@ def check_config(cfg: TrainConfig):
 
 
 def optimizer_params(cfg: TrainConfig) -> dict:
-    """The chosen optimizer's own settings."""
-    return {"adam": {"beta1": cfg.adam_beta1, "beta2": cfg.adam_beta2, "epsilon": cfg.adam_epsilon},
-            "adagrad": {"initial_accumulator": cfg.adagrad_initial_accumulator},
-            "ftrl": {"l1": cfg.ftrl_l1, "l2": cfg.ftrl_l2,
-                     "initial_accumulator": cfg.adagrad_initial_accumulator},
-            "momentum": {"momentum": cfg.momentum}, "sgd": {}}[cfg.optimizer]
-
-
-def model_config(cfg: TrainConfig, feature_size: int, field_size: int):
-    from ..models.deepfm import DeepFMConfig
+    """The chosen optimizer's own settings, and how it updates the table."""
+    own = {"adam": {"beta1": cfg.adam_beta1, "beta2": cfg.adam_beta2, "epsilon": cfg.adam_epsilon},
+           "adagrad": {"initial_accumulator": cfg.adagrad_initial_accumulator},
+           "ftrl": {"l1": cfg.ftrl_l1, "l2": cfg.ftrl_l2,
+                    "initial_accumulator": cfg.adagrad_initial_accumulator},
+           "momentum": {"momentum": cfg.momentum}, "sgd": {}}[cfg.optimizer]
     l2e = cfg.l2_reg if cfg.l2_embedding is None else cfg.l2_embedding
+    return {**own, "table_updates": cfg.table_updates, "table_l2": l2e}
+
+
+def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
+                 positive_rate: float | None = None):
+    """`positive_rate`: the training data's (manifest), for output_bias prior."""
+    from ..models.deepfm import DeepFMConfig
     l2d = cfg.l2_reg if cfg.l2_dense is None else cfg.l2_dense
+    bias = 0.0
+    if cfg.output_bias == "prior" and positive_rate is not None and 0 < positive_rate < 1:
+        bias = math.log(positive_rate / (1 - positive_rate))
     return DeepFMConfig(feature_size, field_size, cfg.embedding_size, tuple(cfg.deep_layers),
-                        cfg.dropout_rates, cfg.batch_norm, l2e, cfg.mixed_precision, cfg.xla,
-                        cfg.seed, l2_dense=l2d)
+                        cfg.dropout_rates, cfg.batch_norm, l2_dense=l2d,
+                        mixed_precision=cfg.mixed_precision, xla=cfg.xla, seed=cfg.seed,
+                        initial_bias=bias)

@@ -58,15 +58,19 @@ class Trainer(Protocol):
 
 class ChiefActions:
     """What the trainers share around their steps: the final checkpoint and the evaluation of
-    a split (the chief's). A trainer sets cfg, manager, predict, log, feature_size and save()."""
+    a split (the chief's). A trainer sets cfg, manager, predict, log, feature_size, save() and
+    settle() (brings every table row to the current step: a catch-up optimizer's rows are
+    otherwise current only as of their last update; see models/optimizers.py)."""
 
     def save_final(self, step: int) -> None:
         from .model_dir import saved_at
+        self.settle()    # the last checkpoint and the export hold the dense-equivalent table
         if not saved_at(self.manager, step):
             self.save(step)
 
     def evaluate(self, name: str, step: int, keep: bool = False):
         from .evaluate import evaluate_split
+        self.settle()
         split_dir = self.cfg.valid_dir if name == "valid" else self.cfg.test_dir
         return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
                               keep=keep)

@@ -45,6 +45,11 @@ def check_data(cfg: TrainConfig):
 EVAL_CHECKSUM_BYTES = 512 << 20
 
 
+def positive_rate(m) -> float | None:
+    """The training data's share of positive labels (None for a stream: not known ahead)."""
+    return m.positives / m.records if m.records else None
+
+
 def check_checksums(m, directory) -> None:
     """Evaluation splits are read only after training: a corrupted file found then would
     waste the run. Up to 512 MB their checksums are checked now (a second or so per 500 MB);

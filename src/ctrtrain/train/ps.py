@@ -37,7 +37,8 @@ from ..errors import ConfigError
 from .. import heartbeat
 from .config import model_config, optimizer_params
 from .controller import ChiefActions, Controller, StepStats, finish
-from .inputs import check_data, planned_steps, schedule_of, train_read_error, training_dataset
+from .inputs import (check_data, planned_steps, positive_rate, schedule_of, train_read_error,
+                     training_dataset)
 from .metrics_log import MetricsLog
 from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
                         restore_checkpoint, write_checkpoint)
@@ -74,6 +75,11 @@ class PSTrainer(ChiefActions):
         self.step, self.log, self.feature_size, self.explain = start_step, log, feature_size, explain
         self.predict = make_predict_fn(model)
         self._seen = self._read()
+        self._settle = tf.function(opt.settle)   # on the chief; the rows live on the servers
+
+    def settle(self) -> None:
+        self.coordinator.join()
+        self._settle()
 
     def _read(self):
         return [float(v.numpy()) for v in self.stats]
@@ -125,7 +131,8 @@ def train_parameter_server(cfg, threads) -> dict:
                            train_data=data_fingerprint(m))
     with strategy.scope():
         model, opt, replica_step, variables = build_training(
-            model_config(cfg, feature_size, m.field_size), cfg.optimizer, cfg.learning_rate,
+            model_config(cfg, feature_size, m.field_size, positive_rate(m)), cfg.optimizer,
+            cfg.learning_rate,
             compile_step=False, optimizer_params=optimizer_params(cfg))
     slots = [s for d in opt.slots for s in d.values()]
     load = bytes_per_server(variables + slots + [opt.iterations])

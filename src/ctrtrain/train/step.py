@@ -14,7 +14,8 @@ def build_training(model_cfg: DeepFMConfig, optimizer: str, learning_rate: float
     """(model, opt, train_step, variables); train_step(batch) applies one update and returns
     the mean loss. Call inside runtime.scope(). `runtime` (train/runtime.py) says how replicas
     combine gradients; None = one process, one replica. With compile_step=False the step is
-    the per-replica function, for callers that schedule it themselves (parameter servers)."""
+    the per-replica function, for callers that schedule it themselves (parameter servers).
+    `optimizer_params`: the optimizer's settings, with table_updates and table_l2."""
     model = DeepFM(model_cfg)
     opt = make_optimizer(optimizer, learning_rate, **(optimizer_params or {}))
     variables = model.embedding_tables + model.dense_variables()
@@ -25,7 +26,8 @@ def build_training(model_cfg: DeepFMConfig, optimizer: str, learning_rate: float
 
     def replica_step(batch):
         with tf.GradientTape() as tape:
-            logits, l2 = model(batch["ids"], batch["values"], training=True)
+            logits, l2 = model(batch["ids"], batch["values"], training=True,
+                               row_correction=opt.row_correction)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
                 labels=batch["label"], logits=logits))
             # Inside the tape: the sum must be recorded to be differentiated. Divided by the
@@ -42,3 +44,10 @@ def build_training(model_cfg: DeepFMConfig, optimizer: str, learning_rate: float
     if runtime is None:
         return model, opt, tf.function(replica_step), variables
     return model, opt, tf.function(lambda batch: runtime.run(replica_step, batch)), variables
+
+
+def settle_function(opt, runtime=None):
+    """A compiled opt.settle() that updates every replica's copy of the tables."""
+    if runtime is None or runtime.strategy is None:
+        return tf.function(opt.settle)
+    return tf.function(lambda: runtime.strategy.run(opt.settle))

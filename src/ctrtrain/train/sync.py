@@ -17,8 +17,8 @@ from .. import heartbeat
 from ..errors import ConfigError
 from .config import TrainConfig, model_config, optimizer_params
 from .controller import ChiefActions, Controller, StepStats, finish
-from .inputs import (check_data, local_records, planned_steps, schedule_of, train_read_error,
-                     training_dataset)
+from .inputs import (check_data, local_records, planned_steps, positive_rate, schedule_of,
+                     train_read_error, training_dataset)
 from .metrics_log import MetricsLog
 from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
                         restore_checkpoint, write_checkpoint)
@@ -30,11 +30,16 @@ class SyncTrainer(ChiefActions):
     def __init__(self, cfg: TrainConfig, rt, model, opt, train_step, variables, manager,
                  start_step: int, data_iter, log, feature_size: int, explain):
         from .evaluate import make_predict_fn
+        from .step import settle_function
         self.cfg, self.rt, self.model, self.opt = cfg, rt, model, opt
         self.train_step, self.variables, self.manager = train_step, variables, manager
         self.step, self.start_step, self.it, self.log = start_step, start_step, data_iter, log
         self.feature_size, self.explain = feature_size, explain
         self.predict = make_predict_fn(model)
+        self._settle = settle_function(opt, rt)
+
+    def settle(self) -> None:
+        self._settle()
 
     def train_steps(self, n: int, stop) -> StepStats:
         import tensorflow as tf
@@ -104,7 +109,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
     with rt.scope():
         model, opt, train_step, variables = build_training(
-            model_config(cfg, feature_size, m.field_size), cfg.optimizer, lr, rt,
+            model_config(cfg, feature_size, m.field_size, positive_rate(m)), cfg.optimizer, lr, rt,
             optimizer_params=optimizer_params(cfg))
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
     heartbeat.beat(force=True)
