@@ -59,6 +59,9 @@ def _data_commands(sub):
     p.add_argument("--rows", type=POSITIVE, default=1_000_000)
     p.add_argument("--feature-size", type=_number(int, 100), default=1_000_000)
     p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--zipf", type=_number(float, 0.1), default=1.2,
+                   help="exponent of the ids' popularity within a field: lower is a longer "
+                        "tail (0.7: about 8,000 distinct ids per 1,024 rows, as real Criteo)")
     p.add_argument("--files-per-split", type=POSITIVE, default=2)
     p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
     p.add_argument("--overwrite", action="store_true")
@@ -132,7 +135,7 @@ def _data_commands(sub):
 def cmd_synth(a):
     from .data.synth import SynthConfig, synthesize
     s = synthesize(a.out, SynthConfig(rows=a.rows, feature_size=a.feature_size, seed=a.seed,
-                                      files_per_split=a.files_per_split),
+                                      zipf=a.zipf, files_per_split=a.files_per_split),
                    processes=a.processes, overwrite=a.overwrite)
     for name, d in s["splits"].items():
         if not d["rows"]:
@@ -223,6 +226,19 @@ def _bench_commands(sub):
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_train)
+    p = bsub.add_parser("quality", help="test AUC/logloss per epoch of each table_updates "
+                                        "(and DeepCTR's DeepFM) on a fixed protocol")
+    p.add_argument("--data", action="append", default=[], metavar="NAME=DIR",
+                   help="a data set: DIR holds train/, valid/ and test/ (repeatable; default: "
+                        "a synthetic long-tail set made in --work-dir)")
+    p.add_argument("--epochs", type=POSITIVE, default=3)
+    p.add_argument("--variants", type=lambda s: s.split(","), default=["catchup", "lazy", "dense"],
+                   help="ctrtrain's table_updates to run")
+    p.add_argument("--deepctr-python", default=None,
+                   help="python of a DeepCTR 0.9.4 environment (scripts/deepctr_env.sh prints it)")
+    p.add_argument("--work-dir", default="runs/bench-quality")
+    p.add_argument("--json", default=None, help="also write the results here")
+    p.set_defaults(func=cmd_bench_quality)
     p = bsub.add_parser("startup", help="where a small run's wall time goes: phases of "
                                         "`ctrtrain train` in fresh processes, and its exit")
     p.add_argument("--train", required=True, help="training data (directory, files or glob)")
@@ -283,6 +299,20 @@ def cmd_bench_matrix(a):
 def cmd_tune(a):
     from .bench.tune import tune
     tune(a.data, a.rows, a.feature_size, a.out, a.steps, a.work_dir, repeats=a.repeats)
+
+
+def cmd_bench_quality(a):
+    from .bench.quality import check_bar, run_quality_bench
+    from .errors import ConfigError
+    sets = []
+    for spec in a.data:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--data {spec!r}: give NAME=DIR")
+        sets.append((name, path))
+    report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json)
+    for line in check_bar(report):
+        print(f"below the bar (catchup vs dense - 0.002): {line}")
 
 
 def cmd_bench_train(a):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..train.tuned import tuned_path
 from .machine import describe_machine
-from .train_bench import REFERENCE, _run_worker, prepare_reference_data
+from .train_bench import _run_worker, prepare_reference_data, reference_run
 
 
 def candidates(cores: int) -> list[tuple[int, int]]:
@@ -30,7 +30,7 @@ def tune(data_dir: str | None = None, rows: int = 200_000, feature_size: int = 1
          batch_sizes=(512, 1024, 2048), repeats: int = 3) -> dict:
     data = data_dir or str(prepare_reference_data(Path(work_dir), rows, feature_size))
     cores = len(os.sched_getaffinity(0))
-    base = {k: v for k, v in REFERENCE.items() if k not in ("rows", "feature_size")}
+    base = reference_run()
     base.update(data=data, steps=steps, warmup=10, window=10)
     tried = []
 

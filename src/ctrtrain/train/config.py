@@ -190,6 +190,8 @@ class TrainConfig:
                                    _schedule)
     eval_every: int | str = setting(0, "schedule", "evaluate the validation split every N steps "
                                     "or 'X epochs' (0: at the end only)", _schedule)
+    eval_test: bool = setting(False, "schedule", "at each evaluation also evaluate the test "
+                              "split (learning curves; no decision uses it)", _bool)
     checkpoint_every: int | str = setting(1000, "schedule", "checkpoint every N steps or 'X "
                                           "epochs' (0: at the end only)", _schedule)
     checkpoint_secs: float = setting(0.0, "schedule", "also checkpoint after this many seconds "

@@ -85,6 +85,7 @@ class Schedule:
     checkpoint_secs: float = 0.0
     eval_every: int = 0
     early_stopping: int = 0        # evaluations without AUC improvement before stopping
+    eval_test: bool = False        # evaluate the test split beside the validation split
 
     def next_boundary(self, step: int) -> int:
         """The next step at which the controller must act."""
@@ -178,6 +179,8 @@ class Controller:
                     last_ckpt = time.monotonic()
                 if s.eval_every and t.step % s.eval_every == 0 and t.step != s.total_steps:
                     r_eval = t.evaluate("valid", t.step)
+                    if s.eval_test:
+                        t.evaluate("test", t.step)
                     if r_eval and s.early_stopping:
                         if r_eval["auc"] > best_auc + 1e-5:
                             best_auc, bad_evals = r_eval["auc"], 0

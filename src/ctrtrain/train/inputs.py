@@ -135,4 +135,4 @@ def schedule_of(cfg: TrainConfig, total_steps: int | None, records: int | None,
             raise ConfigError(f"{name}: {v} needs a known epoch length; give steps")
         return max(1, int(round(float(v.split()[0]) * records / global_batch)))
     return Schedule(total_steps, steps("log_every"), steps("checkpoint_every"),
-                    cfg.checkpoint_secs, steps("eval_every"), cfg.early_stopping)
+                    cfg.checkpoint_secs, steps("eval_every"), cfg.early_stopping, cfg.eval_test)

@@ -1,0 +1,96 @@
+"""DeepCTR's DeepFM on a data set exported by `ctrtrain bench quality`, in DeepCTR's own
+environment (scripts/deepctr_env.sh: deepctr 0.9.4 on tf-keras). Run by path with that
+environment's python: it imports numpy, TensorFlow and DeepCTR only, never ctrtrain.
+
+    python deepctr_runner.py PARAMS_JSON   ->  one JSON line per epoch on stdout
+
+The model is DeepCTR's DeepFM as people use it on Criteo-style data: a field whose id never
+changes (a numeric column: one id, its value varying) is a DenseFeat of its value; every other
+field is a SparseFeat of its id, all fields sharing one table of feature_size rows (as
+ctrtrain's model does), with DeepCTR's dense (whole-table) L2 and Keras 2's dense Adam.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+
+def auc(y, p) -> float:
+    order = np.argsort(p, kind="mergesort")
+    ranks = np.empty(len(p))
+    sp = p[order]
+    i = 0
+    while i < len(sp):                      # average ranks of ties
+        j = i
+        while j + 1 < len(sp) and sp[j + 1] == sp[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    pos = y == 1
+    n_pos, n_neg = pos.sum(), (~pos).sum()
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def logloss(y, p) -> float:
+    p = np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def main(params: dict) -> None:
+    import tensorflow as tf
+    from deepctr.feature_column import DenseFeat, SparseFeat, get_feature_names
+    from deepctr.models import DeepFM
+
+    tf.random.set_seed(params["seed"])
+    np.random.seed(params["seed"])
+    data = {s: np.load(params[s]) for s in ("train", "valid", "test")}
+    ids, values = data["train"]["ids"], data["train"]["values"]
+    constant = [bool((ids[:, f] == ids[0, f]).all()) for f in range(ids.shape[1])]
+    # A SparseFeat is its id's embedding: a categorical value other than 1 is not used.
+    sparse = ~np.array(constant)
+    ignored = float((values[:, sparse] != 1).mean()) if sparse.any() else 0.0
+    columns = []
+    for f, is_dense in enumerate(constant):
+        if is_dense:
+            columns.append(DenseFeat(f"d{f}", 1))
+        else:
+            columns.append(SparseFeat(f"s{f}", vocabulary_size=params["feature_size"],
+                                      embedding_dim=params["embedding_size"], dtype="int64",
+                                      embedding_name="table"))
+
+    def inputs(split):
+        d = data[split]
+        return {(f"d{f}" if c else f"s{f}"): (d["values"][:, f] if c else d["ids"][:, f])
+                for f, c in enumerate(constant)}
+
+    half = params["l2"] / 2    # ctrtrain's l2 is the sample's l2 * l2_loss(w) = l2/2 * sum(w^2)
+    model = DeepFM(columns, columns, dnn_hidden_units=tuple(params["deep_layers"]),
+                   l2_reg_linear=half, l2_reg_embedding=half, l2_reg_dnn=half,
+                   dnn_dropout=params["dropout"], seed=params["seed"], task="binary")
+    model.compile(tf.keras.optimizers.Adam(params["learning_rate"]), "binary_crossentropy")
+    assert set(get_feature_names(columns)) == set(inputs("train"))
+    x_train, y_train = inputs("train"), data["train"]["labels"]
+    for epoch in range(1, params["epochs"] + 1):
+        t0 = time.perf_counter()
+        model.fit(x_train, y_train, batch_size=params["batch_size"], epochs=1, verbose=0,
+                  shuffle=True)
+        seconds = time.perf_counter() - t0
+        out = {"epoch": epoch, "seconds": seconds, "examples_per_s": len(y_train) / seconds,
+               "sparse_values_not_one": ignored}
+        for split in ("valid", "test"):
+            p = model.predict(inputs(split), batch_size=8192, verbose=0)[:, 0]
+            y = data[split]["labels"]
+            out[split] = {"auc": auc(y, p), "logloss": logloss(y, p)}
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

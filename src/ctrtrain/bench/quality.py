@@ -1,0 +1,178 @@
+"""`ctrtrain bench quality`: how good a model each way of training gives, on a fixed protocol.
+
+Each data set (a directory with train/, valid/ and test/ data directories) is trained for a
+fixed number of epochs by every variant: ctrtrain with each `table_updates` (catchup, lazy,
+dense: the dense reference), and DeepCTR 0.9.4's DeepFM when its environment is there
+(scripts/deepctr_env.sh). After every epoch each variant's model is evaluated on the validation
+and the test split (AUC, logloss); the figure a run is judged by is the test AUC at the epoch
+with the best validation AUC (early stopping on validation, keeping the best epoch). Every run
+is a fresh process with the same configuration (embedding 16, MLP 256-128-64, dropout 0.5,
+batch 1024, Adam 1e-3, L2 1e-4 as the SageMaker sample's l2_reg: the issue's peer comparison).
+
+Without data sets given, a synthetic long-tail set is made once in the work directory: Criteo's
+39 fields and cardinalities scaled to 200,000 rows of table, ids Zipf(0.7) within each field
+(about 8,000 distinct rows per batch of 1024, as real Criteo), labels from a hidden FM with
+a known Bayes-optimal AUC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .machine import describe_machine
+
+CONFIG = {"embedding_size": 16, "deep_layers": [256, 128, 64], "dropout": 0.5,
+          "batch_size": 1024, "learning_rate": 1e-3, "l2": 1e-4, "seed": 0}
+VARIANTS = ("catchup", "lazy", "dense")
+LONG_TAIL = {"rows": 500_000, "feature_size": 200_000, "zipf": 0.7}
+BAR = 0.002    # catchup's test AUC may trail the dense reference's by at most this
+
+
+def long_tail_data(work: Path) -> Path:
+    from ..data.synth import SynthConfig, synthesize
+    out = work / "synth-long-tail"
+    if (out / "synth.json").exists():
+        return out
+    synthesize(out, SynthConfig(rows=LONG_TAIL["rows"], feature_size=LONG_TAIL["feature_size"],
+                                zipf=LONG_TAIL["zipf"]), overwrite=True)
+    return out
+
+
+def _ctrtrain_worker(p: dict) -> list[dict]:
+    """One ctrtrain run; its evaluations per epoch."""
+    from ..train import train
+    from ..train.config import TrainConfig
+    with tempfile.TemporaryDirectory() as md:
+        cfg = TrainConfig(
+            train_dir=p["train"], valid_dir=p["valid"], test_dir=p["test"], model_dir=md,
+            embedding_size=p["embedding_size"], deep_layers=tuple(p["deep_layers"]),
+            dropout=p["dropout"], batch_size=p["batch_size"], learning_rate=p["learning_rate"],
+            l2_reg=p["l2"], seed=p["seed"], epochs=p["epochs"], eval_every="1 epochs",
+            eval_test=True, table_updates=p["variant"], checkpoint_every=0, export=False,
+            progress=False, quiet=True)
+        r = train(cfg)
+        events = [json.loads(line) for line in (Path(md) / "metrics.jsonl").read_text().splitlines()]
+    steps_per_epoch = r["total_steps"] / p["epochs"]
+    epochs: dict[int, dict] = {}
+    for e in events:
+        if e["event"] == "eval":
+            epoch = round(e["step"] / steps_per_epoch)
+            epochs.setdefault(epoch, {"epoch": epoch})[e["split"]] = {
+                "auc": e["auc"], "logloss": e["logloss"]}
+    out = [epochs[k] for k in sorted(epochs)]
+    out[-1]["examples_per_s"] = r.get("examples_per_s")
+    return out
+
+
+def export_arrays(split_dir: str, out: Path) -> Path:
+    """A split as labels/ids/values arrays (read by ctrtrain's own reader) for DeepCTR."""
+    import numpy as np
+
+    from ..input.pipeline import PipelineConfig, dataset_from_dir
+    ds, _ = dataset_from_dir(split_dir, PipelineConfig(batch_size=8192), training=False)
+    parts = {"labels": [], "ids": [], "values": []}
+    for b in ds:
+        parts["labels"].append(b["label"].numpy())
+        parts["ids"].append(b["ids"].numpy())
+        parts["values"].append(b["values"].numpy())
+    np.savez(out, **{k: np.concatenate(v) for k, v in parts.items()})
+    return out
+
+
+def _run(cmd: list[str], env: dict | None = None) -> list[dict]:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=6 * 3600,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CTRTRAIN_NO_PROGRESS="1",
+                                **(env or {})))
+    if r.returncode != 0:
+        raise RuntimeError(f"{cmd[1]} failed:\n{r.stderr[-3000:]}")
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def selected(epochs: list[dict]) -> dict:
+    """The epoch with the best validation AUC, and its test figures."""
+    best = max(epochs, key=lambda e: e["valid"]["auc"])
+    return {"epoch": best["epoch"], "test_auc": best["test"]["auc"],
+            "test_logloss": best["test"]["logloss"]}
+
+
+def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: int,
+                      variants=VARIANTS, deepctr_python: str | None = None,
+                      out: str | None = None) -> dict:
+    from ..data.index import resolve_source
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    if not datasets:
+        datasets = [("synthetic long tail", str(long_tail_data(work)))]
+    report = {"machine": describe_machine(), "config": CONFIG, "epochs": epochs, "sets": {}}
+    for name, root in datasets:
+        splits = {s: str(Path(root) / s) for s in ("train", "valid", "test")}
+        for s, d in splits.items():
+            resolve_source(d)          # a clear error now, not in a worker
+        results = {}
+        for variant in variants:
+            params = {**CONFIG, **splits, "epochs": epochs, "variant": variant}
+            print(f"[{name}] ctrtrain table_updates={variant} ...", flush=True)
+            results[f"ctrtrain {variant}"] = _run(
+                [sys.executable, "-m", "ctrtrain.bench.quality", json.dumps(params)])
+        if deepctr_python:
+            arrays = work / "arrays" / name.replace(" ", "-")
+            arrays.mkdir(parents=True, exist_ok=True)
+            params = {**CONFIG, "epochs": epochs, "feature_size": _feature_size(splits["train"])}
+            for s, d in splits.items():
+                params[s] = str(export_arrays(d, arrays / f"{s}.npz"))
+            print(f"[{name}] DeepCTR 0.9.4 ...", flush=True)
+            results["deepctr"] = _run([deepctr_python, str(Path(__file__).with_name(
+                "deepctr_runner.py")), json.dumps(params)])
+        report["sets"][name] = {"data": root, "runs": results,
+                                "selected": {k: selected(v) for k, v in results.items()}}
+        print(format_set(name, report["sets"][name]), flush=True)
+    if out:
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _feature_size(split_dir: str) -> int:
+    from ..data.index import resolve_source
+    return resolve_source(split_dir)[0].feature_size
+
+
+def format_set(name: str, s: dict) -> str:
+    runs = s["runs"]
+    n = max(len(v) for v in runs.values())
+    lines = [f"### {name}", "", "| epoch | " + " | ".join(runs) + " |",
+             "|---|" + "---|" * len(runs)]
+    for i in range(n):
+        cells = []
+        for v in runs.values():
+            e = v[i] if i < len(v) else None
+            cells.append(f"{e['test']['auc']:.4f} / {e['test']['logloss']:.4f}" if e else "")
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    sel = s["selected"]
+    lines.append("| best valid epoch: test AUC | " + " | ".join(
+        f"{sel[k]['test_auc']:.4f} (epoch {sel[k]['epoch']})" for k in runs) + " |")
+    return "\n".join(lines)
+
+
+def check_bar(report: dict, variant: str = "ctrtrain catchup",
+              reference: str = "ctrtrain dense") -> list[str]:
+    """Where `variant`'s test AUC trails the reference's by more than BAR, at any epoch."""
+    fails = []
+    for name, s in report["sets"].items():
+        runs = s["runs"]
+        if variant not in runs or reference not in runs:
+            continue
+        for a, b in zip(runs[variant], runs[reference]):
+            if a["test"]["auc"] < b["test"]["auc"] - BAR:
+                fails.append(f"{name} epoch {a['epoch']}: {a['test']['auc']:.4f} < "
+                             f"{b['test']['auc']:.4f} - {BAR}")
+    return fails
+
+
+if __name__ == "__main__":
+    for line in _ctrtrain_worker(json.loads(sys.argv[1])):
+        print(json.dumps(line))
