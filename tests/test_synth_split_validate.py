@@ -1,4 +1,6 @@
 
+import json
+
 import pytest
 
 from conftest import run_cli
@@ -45,11 +47,17 @@ def test_split_by_hash_and_order(tmp_path, shared):
     assert o["rows"] == {"train": 500, "valid": 250, "test": 250}
     assert (tmp_path / "o" / "train.txt").read_text().split("\n")[0] == src.read_text().split("\n")[0]
     csv = shared / "deepctr_samples" / "criteo_sample.txt"
-    c = split_text([str(csv)], tmp_path / "c", header=True)
     header = csv.read_text().split("\n")[0]
+    # As a user runs it: no --header; a CSV table's header is found and copied to every split
+    # (it used to become a data row of one split, and the others could not be featurized).
+    run_cli("data", "split", csv, "--out", tmp_path / "c")
+    c = json.loads((tmp_path / "c" / "split.json").read_text())
     for name in ("train", "valid", "test"):
         assert (tmp_path / "c" / f"{name}.txt").read_text().split("\n")[0] == header
-    assert sum(c["rows"].values()) == 200
+        run_cli("data", "featurize", tmp_path / "c" / f"{name}.txt", "--out", tmp_path / f"f-{name}",
+                *(["--vocab", tmp_path / "f-train" / "vocab.json"] if name != "train" else []))
+    assert sum(c["rows"].values()) == 200 and c["header"] is True
+    assert split_text([str(src)], tmp_path / "tsv")["header"] is False
     with pytest.raises(DataError):
         split_text([str(src)], tmp_path / "bad", fractions=(0.5, 0.6, 0.1))
 

@@ -123,7 +123,9 @@ def _data_commands(sub):
     p.add_argument("--fractions", type=_fractions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
     p.add_argument("--by", choices=["hash", "order"], default="hash")
     p.add_argument("--seed", type=NON_NEGATIVE, default=0)
-    p.add_argument("--header", action="store_true", help="first line is a header (CSV)")
+    p.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
+                   help="the first line is a header, copied to every split (default: yes for "
+                        "CSV, no for TSV and libsvm)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_split)
 

@@ -147,6 +147,14 @@ def _to_chunk(frame: pd.DataFrame, schema: RawSchema, path: str, line: int,
     return RawChunk(line, labels, numeric, categorical)
 
 
+def has_csv_header(path: str) -> bool:
+    """A comma-separated first line without TABs: a CSV table, which (as read_raw reads it)
+    starts with its header. libsvm and Criteo TSV rows have no commas."""
+    with io.open(path, "r", errors="replace") as f:
+        first = f.readline()
+    return "," in first and "\t" not in first
+
+
 def sniff_format(path: str) -> str:
     """'criteo' for TAB-separated rows, 'csv' for a comma-separated file with a header."""
     with io.open(path, "r", errors="replace") as f:

@@ -14,17 +14,21 @@ SPLIT_NAMES = ("train", "valid", "test")
 
 
 def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", seed: int = 0,
-               header: bool = False, overwrite: bool = False) -> dict:
+               header: bool | None = None, overwrite: bool = False) -> dict:
     """`by="hash"`: a row goes where the CRC32 of (seed, row text) falls, so a row's split does
     not depend on the order or the other rows (and duplicates never straddle splits).
     `by="order"`: the first fraction of rows to train, the next to valid, the rest to test.
-    A header line (CSV) is copied to every output."""
+    A header line is copied to every output; `header` None: a CSV table (commas, no TABs on
+    its first line) has one, as featurize reads it."""
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
         raise DataError(f"fractions must be three non-negative numbers summing to 1, got {fractions}",
                         field="fractions")
     if by not in ("hash", "order"):
         raise DataError(f"split by must be 'hash' or 'order', not {by!r}", field="by")
     files = list_inputs(inputs)
+    if header is None:
+        from .raw import has_csv_header
+        header = has_csv_header(files[0])
     out = prepare_output_dir(out_dir, overwrite, inputs)
     suffix = Path(files[0]).suffix or ".txt"
     paths = [out / f"{name}{suffix}" for name in SPLIT_NAMES]
@@ -70,6 +74,7 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
                     q.unlink()
         raise
     summary = {"by": by, "seed": seed, "fractions": list(fractions), "inputs": files,
+               "header": header,
                "rows": dict(zip(SPLIT_NAMES, counts)),
                "files": {n: p.name for n, p in zip(SPLIT_NAMES, paths)}}
     (out / "split.json").write_text(json.dumps(summary, indent=2) + "\n")
