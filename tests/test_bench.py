@@ -121,3 +121,36 @@ def test_tune_writes_settings_that_training_uses(tmp_path):
     assert start["threads"]["inter_op"] == s["inter_op_threads"]
     cfg = json.loads((tmp_path / "m" / "train_config.json").read_text())
     assert cfg["batch_size"] == s["batch_size"]
+
+
+def deepctr_python() -> str | None:
+    """DeepCTR's environment (scripts/deepctr_env.sh; the test command builds it and names it
+    in CTRTRAIN_DEEPCTR_PYTHON, so there the peer's run is required, not skipped)."""
+    return os.environ.get("CTRTRAIN_DEEPCTR_PYTHON") or None
+
+
+def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
+    """The quality benchmark end to end on a small long-tailed set: ctrtrain's catchup and
+    dense reference per epoch, and the real DeepCTR 0.9.4 from its own environment."""
+    run_cli("data", "synth", "--out", tmp_path / "d", "--rows", "8000", "--feature-size", "4000",
+            "--zipf", "0.7", "--processes", "1")
+    peer = deepctr_python()
+    if peer is None and os.environ.get("CTRTRAIN_REQUIRE_DEEPCTR"):
+        pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")
+    args = ["bench", "quality", "--data", f"small={tmp_path / 'd'}", "--epochs", "2",
+            "--variants", "catchup,dense", "--batch-size", "256", "--work-dir", tmp_path / "w",
+            "--json", tmp_path / "q.json"]
+    r = run_cli(*args, *(["--deepctr-python", peer] if peer else []), timeout=1200)
+    report = json.loads((tmp_path / "q.json").read_text())
+    runs = report["sets"]["small"]["runs"]
+    assert set(runs) == {"ctrtrain catchup", "ctrtrain dense"} | ({"deepctr"} if peer else set())
+    for name, epochs in runs.items():
+        assert [e["epoch"] for e in epochs] == [1, 2], name
+        for e in epochs:
+            for split in ("valid", "test"):
+                assert 0.0 <= e[split]["auc"] <= 1.0 and 0 < e[split]["logloss"] < 5, (name, e)
+    # catchup is the dense update's result: the same model to float noise, so the same AUC.
+    for a, b in zip(runs["ctrtrain catchup"], runs["ctrtrain dense"]):
+        assert abs(a["test"]["auc"] - b["test"]["auc"]) < 0.003, (a, b)
+        assert a["test"]["auc"] > 0.6
+    assert "| epoch |" in r.stdout

@@ -236,6 +236,8 @@ def _bench_commands(sub):
     p.add_argument("--epochs", type=POSITIVE, default=3)
     p.add_argument("--variants", type=lambda s: s.split(","), default=["catchup", "lazy", "dense"],
                    help="ctrtrain's table_updates to run")
+    p.add_argument("--batch-size", type=POSITIVE, default=None,
+                   help="instead of the protocol's 1024 (data sets of a few thousand rows)")
     p.add_argument("--deepctr-python", default=None,
                    help="python of a DeepCTR 0.9.4 environment (scripts/deepctr_env.sh prints it)")
     p.add_argument("--work-dir", default="runs/bench-quality")
@@ -312,7 +314,8 @@ def cmd_bench_quality(a):
         if not sep or not name or not path:
             raise ConfigError(f"--data {spec!r}: give NAME=DIR")
         sets.append((name, path))
-    report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json)
+    report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json,
+                               a.batch_size)
     for line in check_bar(report):
         print(f"below the bar (catchup vs dense - 0.002): {line}")
 

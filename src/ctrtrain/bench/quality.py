@@ -102,27 +102,29 @@ def selected(epochs: list[dict]) -> dict:
 
 def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: int,
                       variants=VARIANTS, deepctr_python: str | None = None,
-                      out: str | None = None) -> dict:
+                      out: str | None = None, batch_size: int | None = None) -> dict:
+    """`batch_size`: instead of the configuration's 1024 (small data sets)."""
     from ..data.index import resolve_source
+    config = {**CONFIG, **({"batch_size": batch_size} if batch_size else {})}
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     if not datasets:
         datasets = [("synthetic long tail", str(long_tail_data(work)))]
-    report = {"machine": describe_machine(), "config": CONFIG, "epochs": epochs, "sets": {}}
+    report = {"machine": describe_machine(), "config": config, "epochs": epochs, "sets": {}}
     for name, root in datasets:
         splits = {s: str(Path(root) / s) for s in ("train", "valid", "test")}
         for s, d in splits.items():
             resolve_source(d)          # a clear error now, not in a worker
         results = {}
         for variant in variants:
-            params = {**CONFIG, **splits, "epochs": epochs, "variant": variant}
+            params = {**config, **splits, "epochs": epochs, "variant": variant}
             print(f"[{name}] ctrtrain table_updates={variant} ...", flush=True)
             results[f"ctrtrain {variant}"] = _run(
                 [sys.executable, "-m", "ctrtrain.bench.quality", json.dumps(params)])
         if deepctr_python:
             arrays = work / "arrays" / name.replace(" ", "-")
             arrays.mkdir(parents=True, exist_ok=True)
-            params = {**CONFIG, "epochs": epochs, "feature_size": _feature_size(splits["train"])}
+            params = {**config, "epochs": epochs, "feature_size": _feature_size(splits["train"])}
             for s, d in splits.items():
                 params[s] = str(export_arrays(d, arrays / f"{s}.npz"))
             print(f"[{name}] DeepCTR 0.9.4 ...", flush=True)
