@@ -40,7 +40,10 @@ def train(table_updates: str, optimizer: str, steps: int, lr: float, **params):
 CASES = [("adam", 0.01, {}), ("adam", 0.01, {"epsilon": 1e-8, "beta2": 0.99}),
          ("adam", 0.01, {"epsilon": 1e-3}), ("adam", 0.01, {"epsilon": 1e-3, "beta2": 0.99}),
          ("momentum", 0.05, {"momentum": 0.9}), ("adagrad", 0.1, {}), ("ftrl", 0.1, {}),
-         ("sgd", 0.1, {})]
+         ("sgd", 0.1, {}),
+         # with the table's L2, whose skipped steps momentum, SGD and Adagrad catch up too
+         ("momentum", 0.05, {"table_l2": 1e-2}), ("sgd", 0.1, {"table_l2": 1e-2}),
+         ("adagrad", 0.1, {"table_l2": 1e-2})]
 
 
 @pytest.mark.parametrize("optimizer,lr,params", CASES, ids=lambda c: str(c))
@@ -68,26 +71,37 @@ def test_lazy_updates_differ_from_dense(optimizer):
     assert max(np.abs(a - b).max() for a, b in zip(dense, lazy)) > 1e-3
 
 
-def test_table_l2_is_the_samples_penalty_on_every_row_in_dense_mode():
+def test_adam_catchup_with_table_l2_is_within_its_stated_bound():
+    """With the table's L2, Adam's skipped steps have no closed form: catchup approximates
+    them (Adam._idle_l2). The bound stated in the README, at the default learning rate over
+    150 steps of long-tailed ids: median table difference from dense under 3e-4 and the 99th
+    percentile under 1.5e-2 (lazy updates: 6e-3 and 3e-2), the MLP within 1e-2."""
+    for l2 in (1e-4, 1e-3):
+        dense, _ = train("dense", "adam", 150, 1e-3, table_l2=l2)
+        catchup, _ = train("catchup", "adam", 150, 1e-3, table_l2=l2)
+        lazy, _ = train("lazy", "adam", 150, 1e-3, table_l2=l2)
+        diff, lazy_diff = np.abs(dense[0] - catchup[0]), np.abs(dense[0] - lazy[0])
+        assert np.median(diff) < 3e-4 and np.quantile(diff, 0.99) < 1.5e-2, l2
+        assert np.median(diff) < np.median(lazy_diff) / 10, l2
+        assert max(np.abs(d - c).max() for d, c in zip(dense[1:], catchup[1:])) < 1e-2
+
+
+def test_table_l2_is_the_samples_penalty_on_every_row():
     """l2 * tf.nn.l2_loss(table): a row no batch touches shrinks by lr * l2 * row per SGD
-    step in dense mode, and not at all in catchup mode (whose L2 reaches the rows a batch
-    touches, the difference docs/quality.md measures)."""
+    step, in dense mode and (caught up when read) in catchup mode; lazy mode leaves it."""
     steps, lr, l2 = 20, 0.1, 0.5
     ids = np.ones(64, np.int64)     # only row 1 is ever touched
     cfg = DeepFMConfig(ROWS, 1, embedding_size=2, deep_layers=(4,), seed=0)
-    out = {}
-    for mode in ("dense", "catchup"):
+    for mode in ("dense", "catchup", "lazy"):
         model, opt, step, _ = build_training(cfg, "sgd", lr, optimizer_params={
             "table_updates": mode, "table_l2": l2})
         start = model.table.numpy()
         for _ in range(steps):
             step({"ids": tf.constant(ids[:, None]), "values": tf.ones([64, 1]),
                   "label": tf.zeros([64])})
-        out[mode] = (start, model.table.numpy())
-    start, end = out["dense"]
-    np.testing.assert_allclose(end[5], start[5] * (1 - lr * l2) ** steps, rtol=1e-5)
-    start, end = out["catchup"]
-    np.testing.assert_array_equal(end[5], start[5])
+        settle_function(opt)()
+        expected = start[5] * ((1 - lr * l2) ** steps if mode != "lazy" else 1.0)
+        np.testing.assert_allclose(model.table.numpy()[5], expected, rtol=1e-5)
 
 
 def test_output_bias_starts_at_the_positive_rate():

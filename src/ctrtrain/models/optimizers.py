@@ -118,8 +118,6 @@ class Optimizer(tf.Module):
                     g = g + self.table_l2 * v
                 self._dense(v, g)
                 continue
-            if self.table_l2:
-                values = values + self.table_l2 * _gather(v, rows)
             self._sparse(v, values, rows)
 
     def settle(self):
@@ -132,6 +130,13 @@ class Optimizer(tf.Module):
 
     def _settle(self, var, rows):
         pass
+
+    def _with_l2(self, grad, var, rows, offset=None):
+        """The rows' gradient plus their L2's, taken at their current values (stored - offset)."""
+        if not self.table_l2:
+            return grad
+        current = _gather(var, rows) if offset is None else _gather(var, rows) - offset
+        return grad + self.table_l2 * current
 
     def row_correction(self, var, rows):
         """What to subtract from the stored rows to read them as the dense update would have
@@ -237,18 +242,47 @@ class Adam(Optimizer):
                               epsilon=self.epsilon, grad=grad)
 
     def _caught_up(self, var, rows, settle: bool = False):
-        """The rows' moments after the steps they skipped, and the drift those steps owe."""
+        """The rows' moments after the steps they skipped, and what to subtract from the
+        stored rows to bring them there (0 in lazy mode)."""
         moments = self.slot(var, "moments")
         m, v = tf.split(_gather(moments, rows), 2, axis=1)
         if self._drift is None:
             return m, v, 0.0
         last, k = self._idle_steps(var, rows, settle)
-        return self._decayed(m, v, last, k)
+        return self._decayed(var, rows, m, v, last, k)
 
-    def _decayed(self, m, v, last, k):
+    def _decayed(self, var, rows, m, v, last, k):
         drift = self._drift(m, v, last, k, self.epsilon)
         kf = tf.cast(k, tf.float32)[:, None]
-        return tf.pow(self.beta1, kf) * m, tf.pow(self.beta2, kf) * v, drift
+        b1k, b2k = tf.pow(self.beta1, kf), tf.pow(self.beta2, kf)
+        if not self.table_l2:
+            return b1k * m, b2k * v, drift
+        stored = _gather(var, rows)
+        shrunk = self._idle_l2(stored - drift, v, kf)
+        grad = self.table_l2 * shrunk       # the L2 gradient the last skipped steps saw
+        return (b1k * m + (1 - b1k) * grad, b2k * v + (1 - b2k) * tf.square(grad),
+                stored - shrunk)
+
+    def _idle_l2(self, theta, v, k):
+        """Where the table's L2 (gradient l2 * row) takes a row through k steps without data.
+        Dense Adam moves it by lr_t m/(sqrt(v)+eps) with m -> l2 * row: while the row's own
+        v (sqrt(v) decaying as beta2^(s/2)) dominates, |row| decays by exp(-E), E = lr l2
+        sum_j (1-beta1^j) beta2^(-j/2) / sqrt(v) (eps as in the drift); once the L2 gradient
+        dominates v, Adam's normalised step moves it by about lr per step. The row takes the
+        slower of the two (an approximation: tests/test_table_updates.py states its bound)."""
+        t = tf.cast(tf.maximum(self.iterations, 1), tf.float32)
+        lr = self.learning_rate * tf.sqrt(1 - tf.pow(self.beta2, t)) / (1 - tf.pow(self.beta1, t))
+        q = self.beta2 ** -0.5
+        kq = tf.minimum(k, 80.0 / math.log(q))      # q^k stays finite; E is huge by then
+        b1q = self.beta1 * q
+        w1 = (q * (tf.pow(q, kq) - 1) / (q - 1)
+              - b1q * (1 - tf.pow(b1q, kq)) / (1 - b1q))        # sum (1 - b1^j) q^j
+        w0 = k - self.beta1 * (1 - tf.pow(self.beta1, k)) / (1 - self.beta1)  # sum (1 - b1^j)
+        e = tf.math.divide_no_nan(lr * self.table_l2 * w1,
+                                  tf.sqrt(v) + self.epsilon * tf.math.divide_no_nan(w1, w0))
+        size = tf.abs(theta)
+        size = tf.maximum(tf.maximum(size * tf.exp(-e), size - lr * w0), 0.0)
+        return tf.sign(theta) * size
 
     def row_correction(self, var, rows):
         if self._drift is None:
@@ -256,18 +290,19 @@ class Adam(Optimizer):
         # Read before this step counts: the rows as of the end of the previous step.
         m, v = tf.split(_gather(self.slot(var, "moments"), rows), 2, axis=1)
         last = _gather(self.slot(var, "last_step"), rows)
-        return self._decayed(m, v, last, tf.maximum(self.iterations - last, 0))[2]
+        return self._decayed(var, rows, m, v, last, tf.maximum(self.iterations - last, 0))[2]
 
     def _sparse(self, var, grad, rows):
         b1p, b2p = self._powers()
         lr = self.learning_rate * tf.sqrt(1 - b2p) / (1 - b1p)
-        m, v, drift = self._caught_up(var, rows)
+        m, v, offset = self._caught_up(var, rows)
+        grad = self._with_l2(grad, var, rows, offset)
         m = self.beta1 * m + (1 - self.beta1) * grad
         v = self.beta2 * v + (1 - self.beta2) * tf.square(grad)
         raw.ResourceScatterUpdate(resource=self.slot(var, "moments").handle, indices=rows,
                                   updates=tf.concat([m, v], 1))
         raw.ResourceScatterSub(resource=var.handle, indices=rows,
-                               updates=drift + lr * m / (tf.sqrt(v) + self.epsilon))
+                               updates=offset + lr * m / (tf.sqrt(v) + self.epsilon))
 
     def _settle(self, var, rows):
         m, v, drift = self._caught_up(var, rows, settle=True)
@@ -277,8 +312,10 @@ class Adam(Optimizer):
 
 
 class Adagrad(Optimizer):
-    """Adagrad. A row without gradient does not move, so `catchup` and `lazy` are dense's
-    result exactly."""
+    """Adagrad (TensorFlow's AdagradV2). A row without gradient does not move, so without the
+    table's L2 `catchup` and `lazy` are dense's result exactly. With it, a skipped step shrinks
+    the row by 1 - lr l2 / (sqrt(acc) + eps), taken as constant over the skipped steps (their
+    (l2 row)^2 adds to acc less than float32 resolves next to acc's initial 0.1)."""
     slot_names = ("accumulator",)
     slot_init = {"accumulator": 0.1}
 
@@ -287,15 +324,52 @@ class Adagrad(Optimizer):
         super().__init__(learning_rate, name, **table)
         self.epsilon = epsilon
         self.slot_init = {"accumulator": initial_accumulator}
+        self.catches_up = bool(self.table_l2)
 
     def _dense(self, var, grad):
         raw.ResourceApplyAdagradV2(var=var.handle, accum=self.slot(var, "accumulator").handle,
                                    lr=self.learning_rate, epsilon=self.epsilon, grad=grad)
 
+    def _caught_up(self, var, rows, k):
+        """The rows and accumulators after k skipped steps."""
+        theta = _gather(var, rows)
+        acc = _gather(self.slot(var, "accumulator"), rows)
+        c = 1 - self.learning_rate * self.table_l2 / (tf.sqrt(acc) + self.epsilon)
+        kf = tf.cast(k, tf.float32)[:, None]
+        ck = tf.pow(c, kf)
+        seen = tf.math.divide_no_nan(1 - tf.square(ck), 1 - tf.square(c))   # sum_j c^(2j)
+        return theta, theta * ck, acc + tf.square(self.table_l2 * theta) * seen
+
     def _sparse(self, var, grad, rows):
-        raw.ResourceSparseApplyAdagradV2(var=var.handle, accum=self.slot(var, "accumulator").handle,
-                                         lr=self.learning_rate, epsilon=self.epsilon, grad=grad,
-                                         indices=rows)
+        accum = self.slot(var, "accumulator")
+        if not (self.catches_up and self.table_updates == "catchup"):
+            raw.ResourceSparseApplyAdagradV2(var=var.handle, accum=accum.handle,
+                                             lr=self.learning_rate, epsilon=self.epsilon,
+                                             grad=self._with_l2(grad, var, rows), indices=rows)
+            return
+        _, k = self._idle_steps(var, rows, settle=False)
+        stored, theta, acc = self._caught_up(var, rows, k)
+        grad = grad + self.table_l2 * theta
+        acc = acc + tf.square(grad)
+        raw.ResourceScatterUpdate(resource=accum.handle, indices=rows, updates=acc)
+        raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=stored - theta
+                               + self.learning_rate * grad / (tf.sqrt(acc) + self.epsilon))
+
+    def row_correction(self, var, rows):
+        if not (self.catches_up and self.table_updates == "catchup"):
+            return None
+        k = tf.maximum(self.iterations - _gather(self.slot(var, "last_step"), rows), 0)
+        stored, theta, _ = self._caught_up(var, rows, k)
+        return stored - theta
+
+    def _settle(self, var, rows):
+        if not self.catches_up:
+            return
+        _, k = self._idle_steps(var, rows, settle=True)
+        stored, theta, acc = self._caught_up(var, rows, k)
+        raw.ResourceScatterUpdate(resource=self.slot(var, "accumulator").handle, indices=rows,
+                                  updates=acc)
+        raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=stored - theta)
 
 
 class Ftrl(Optimizer):
@@ -322,7 +396,8 @@ class Ftrl(Optimizer):
             raw.ResourceScatterUpdate(resource=var.handle, indices=rows,
                                       updates=self._weights(var, rows, self.iterations - 1))
         raw.ResourceSparseApplyFtrl(var=var.handle, accum=self.slot(var, "accumulator").handle,
-                                    linear=self.slot(var, "linear").handle, grad=grad, indices=rows,
+                                    linear=self.slot(var, "linear").handle,
+                                    grad=self._with_l2(grad, var, rows), indices=rows,
                                     lr=self.learning_rate, l1=self.l1, l2=self.l2,
                                     lr_power=self.lr_power)
 
@@ -348,15 +423,26 @@ class Ftrl(Optimizer):
 
 class Momentum(Optimizer):
     """SGD with momentum (TensorFlow's: accum = momentum accum + g; var -= lr accum;
-    momentum=0: plain SGD, no slot). Without gradient a row keeps moving by lr momentum^j accum:
-    `catchup` adds the skipped steps' sum, lr accum momentum (1 - momentum^k) / (1 - momentum)."""
-    catches_up = True
+    momentum=0: plain SGD, no slot). A skipped step, whose only gradient is the table's L2
+    (l2 row), is linear in (row, velocity): k of them are the matrix power M^k,
+    M = [[1 - lr l2, -lr mu], [l2, mu]], which `catchup` applies in closed form
+    (Cayley-Hamilton: M^k = alpha_k M + beta_k I from M's two real eigenvalues): exact."""
 
     def __init__(self, learning_rate=0.01, momentum=0.9, name="momentum", **table):
         super().__init__(learning_rate, name, **table)
+        from ..errors import ConfigError
         self.momentum = momentum
         self.slot_names = ("momentum",) if momentum else ()
-        self.catches_up = bool(momentum)
+        self.catches_up = bool(momentum or self.table_l2)
+        lr, lam, mu = learning_rate, self.table_l2, momentum
+        self.M = ((1 - lr * lam, -lr * mu), (lam, mu))
+        trace, det = 1 - lr * lam + mu, mu
+        disc = trace * trace - 4 * det
+        if self.catches_up and self.table_updates == "catchup" and disc <= 0:
+            raise ConfigError("table_updates catchup with momentum needs learning_rate * l2 < "
+                              "(1 - sqrt(momentum))^2; use table_updates: dense")
+        root = math.sqrt(max(disc, 0.0))
+        self.eig = ((trace + root) / 2, (trace - root) / 2)
 
     def _dense(self, var, grad):
         if self.momentum:
@@ -365,44 +451,59 @@ class Momentum(Optimizer):
         else:
             raw.ResourceApplyGradientDescent(var=var.handle, alpha=self.learning_rate, delta=grad)
 
-    def _caught_up(self, var, rows, settle: bool = False):
-        accum = _gather(self.slot(var, "momentum"), rows)
-        _, k = self._idle_steps(var, rows, settle)
-        mk = tf.pow(self.momentum, tf.cast(k, tf.float32))[:, None]
-        drift = self.learning_rate * accum * self.momentum * (1 - mk) / (1 - self.momentum)
-        return mk * accum, drift
+    def _velocity(self, var, rows, like):
+        return _gather(self.slot(var, "momentum"), rows) if self.momentum else tf.zeros_like(like)
+
+    def _advance(self, theta, accum, k):
+        """(row, velocity) after k skipped steps."""
+        e1, e2 = self.eig
+        kd = tf.cast(k, tf.float64)[:, None]
+        p1 = tf.pow(tf.constant(e1, tf.float64), kd)
+        p2 = tf.pow(tf.constant(e2, tf.float64), kd)
+        alpha = tf.cast((p1 - p2) / (e1 - e2), tf.float32)
+        beta = tf.cast((e1 * p2 - e2 * p1) / (e1 - e2), tf.float32)
+        (m00, m01), (m10, m11) = self.M
+        return ((alpha * m00 + beta) * theta + alpha * m01 * accum,
+                alpha * m10 * theta + (alpha * m11 + beta) * accum)
 
     def row_correction(self, var, rows):
-        if not (self.momentum and self.table_updates == "catchup"):
+        if not (self.catches_up and self.table_updates == "catchup"):
             return None
-        accum = _gather(self.slot(var, "momentum"), rows)
+        stored = _gather(var, rows)
         k = tf.maximum(self.iterations - _gather(self.slot(var, "last_step"), rows), 0)
-        mk = tf.pow(self.momentum, tf.cast(k, tf.float32))[:, None]
-        return self.learning_rate * accum * self.momentum * (1 - mk) / (1 - self.momentum)
+        return stored - self._advance(stored, self._velocity(var, rows, stored), k)[0]
 
     def _sparse(self, var, grad, rows):
-        if not self.momentum:
-            raw.ResourceScatterSub(resource=var.handle, indices=rows,
-                                   updates=self.learning_rate * grad)
-        elif self.table_updates != "catchup":
-            raw.ResourceSparseApplyMomentum(var=var.handle, accum=self.slot(var, "momentum").handle,
-                                            lr=self.learning_rate, grad=grad, indices=rows,
-                                            momentum=self.momentum)
-        else:
-            accum, drift = self._caught_up(var, rows)
-            accum = self.momentum * accum + grad
+        lr = self.learning_rate
+        if not (self.catches_up and self.table_updates == "catchup"):
+            grad = self._with_l2(grad, var, rows)
+            if not self.momentum:
+                raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=lr * grad)
+            else:
+                raw.ResourceSparseApplyMomentum(var=var.handle, indices=rows, grad=grad, lr=lr,
+                                                accum=self.slot(var, "momentum").handle,
+                                                momentum=self.momentum)
+            return
+        stored = _gather(var, rows)
+        _, k = self._idle_steps(var, rows, settle=False)
+        theta, accum = self._advance(stored, self._velocity(var, rows, stored), k)
+        accum = self.momentum * accum + grad + self.table_l2 * theta
+        if self.momentum:
             raw.ResourceScatterUpdate(resource=self.slot(var, "momentum").handle, indices=rows,
                                       updates=accum)
-            raw.ResourceScatterSub(resource=var.handle, indices=rows,
-                                   updates=drift + self.learning_rate * accum)
+        raw.ResourceScatterSub(resource=var.handle, indices=rows,
+                               updates=stored - theta + lr * accum)
 
     def _settle(self, var, rows):
-        if not self.momentum:
+        if not self.catches_up:
             return
-        accum, drift = self._caught_up(var, rows, settle=True)
-        raw.ResourceScatterUpdate(resource=self.slot(var, "momentum").handle, indices=rows,
-                                  updates=accum)
-        raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=drift)
+        stored = _gather(var, rows)
+        _, k = self._idle_steps(var, rows, settle=True)
+        theta, accum = self._advance(stored, self._velocity(var, rows, stored), k)
+        if self.momentum:
+            raw.ResourceScatterUpdate(resource=self.slot(var, "momentum").handle, indices=rows,
+                                      updates=accum)
+        raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=stored - theta)
 
 
 def _slot(var, name: str, shape, value: float, dtype=None):
