@@ -74,16 +74,16 @@ def test_lazy_updates_differ_from_dense(optimizer):
 def test_adam_catchup_with_table_l2_is_within_its_stated_bound():
     """With the table's L2, Adam's skipped steps have no closed form: catchup approximates
     them (Adam._idle_l2). The bound stated in the README, at the default learning rate over
-    150 steps of long-tailed ids: median table difference from dense under 3e-4 and the 99th
-    percentile under 1.5e-2 (lazy updates: 6e-3 and 3e-2), the MLP within 1e-2."""
+    150 steps of long-tailed ids: median table difference from dense under 2e-4 and the 99th
+    percentile under 6e-3 (lazy updates: 6e-3 and 3e-2), the MLP within 5e-3."""
     for l2 in (1e-4, 1e-3):
         dense, _ = train("dense", "adam", 150, 1e-3, table_l2=l2)
         catchup, _ = train("catchup", "adam", 150, 1e-3, table_l2=l2)
         lazy, _ = train("lazy", "adam", 150, 1e-3, table_l2=l2)
         diff, lazy_diff = np.abs(dense[0] - catchup[0]), np.abs(dense[0] - lazy[0])
-        assert np.median(diff) < 3e-4 and np.quantile(diff, 0.99) < 1.5e-2, l2
+        assert np.median(diff) < 2e-4 and np.quantile(diff, 0.99) < 6e-3, l2
         assert np.median(diff) < np.median(lazy_diff) / 10, l2
-        assert max(np.abs(d - c).max() for d, c in zip(dense[1:], catchup[1:])) < 1e-2
+        assert max(np.abs(d - c).max() for d, c in zip(dense[1:], catchup[1:])) < 5e-3
 
 
 def test_table_l2_is_the_samples_penalty_on_every_row():

@@ -44,6 +44,7 @@ import tensorflow as tf
 
 raw = tf.raw_ops
 TABLE_UPDATES = ("catchup", "lazy", "dense")
+SETTLE_ROWS = 1 << 16
 
 
 def _dedupe(g: tf.IndexedSlices):
@@ -73,6 +74,11 @@ class Optimizer(tf.Module):
         self.slots: list[dict[str, tf.Variable]] = []
         self._index: dict[int, int] = {}
         self._tables: list = []
+        # What row_correction computed for a table's rows in this step's forward pass, for
+        # the update to reuse when its rows are those rows (one replica, unique gradients).
+        # Set past tf.Module's attribute tracking: tensors of a trace, never checkpointed.
+        object.__setattr__(self, "_pending", {})
+        self._reuse = False
 
     def build(self, variables, tables=()):
         """Creates the slots of each variable (call inside the strategy's scope if any).
@@ -104,6 +110,7 @@ class Optimizer(tf.Module):
         """`unique_indices`: sparse gradients are already summed per distinct row."""
         raw.AssignAddVariableOp(resource=self.iterations.handle,
                                 value=tf.constant(1, self.iterations.dtype))
+        self._reuse = unique_indices
         for g, v in grads_and_vars:
             if g is None:
                 continue
@@ -119,6 +126,8 @@ class Optimizer(tf.Module):
                 self._dense(v, g)
                 continue
             self._sparse(v, values, rows)
+        self._pending.clear()
+        self._reuse = False
 
     def settle(self):
         """Brings every row of every table to the current step (catchup mode; a no-op
@@ -126,17 +135,18 @@ class Optimizer(tf.Module):
         if self.table_updates != "catchup":
             return
         for var in self._tables:
-            self._settle(var, tf.range(tf.shape(var, out_type=tf.int64)[0]))
+            # In blocks of rows: the catch-up's temporaries over a whole 10M-row table would
+            # take gigabytes.
+            n = tf.shape(var, out_type=tf.int64)[0]
+            for start in tf.range(0, n, SETTLE_ROWS, dtype=tf.int64):
+                self._settle(var, tf.range(start, tf.minimum(start + SETTLE_ROWS, n)))
 
     def _settle(self, var, rows):
         pass
 
-    def _with_l2(self, grad, var, rows, offset=None):
-        """The rows' gradient plus their L2's, taken at their current values (stored - offset)."""
-        if not self.table_l2:
-            return grad
-        current = _gather(var, rows) if offset is None else _gather(var, rows) - offset
-        return grad + self.table_l2 * current
+    def _with_l2(self, grad, var, rows):
+        """The rows' gradient plus their L2's (for rows that are current as stored)."""
+        return grad + self.table_l2 * _gather(var, rows) if self.table_l2 else grad
 
     def row_correction(self, var, rows):
         """What to subtract from the stored rows to read them as the dense update would have
@@ -145,17 +155,18 @@ class Optimizer(tf.Module):
         None when stored rows are already current."""
         return None
 
-    def _idle_steps(self, var, rows, settle: bool):
+    def _idle_steps(self, var, rows, settle: bool, count_only: bool = False):
         """(the rows' last steps, the steps each skipped: up to the current step t when
         settling, up to t - 1 before applying step t); their counters are set to t. Never
         negative: under parameter servers another worker may have counted a step meanwhile."""
         t = tf.identity(self.iterations)
         last_step = self.slot(var, "last_step")
-        last = _gather(last_step, rows)
-        k = tf.maximum(t - last - (0 if settle else 1), 0)
+        if not count_only:
+            last = _gather(last_step, rows)
+            k = tf.maximum(t - last - (0 if settle else 1), 0)
         raw.ResourceScatterUpdate(resource=last_step.handle, indices=rows,
                                   updates=tf.fill(tf.shape(rows), t))
-        return last, k
+        return (None, None) if count_only else (last, k)
 
     def _dense(self, var, grad):
         raise NotImplementedError
@@ -193,6 +204,16 @@ class _AdamDrift:
             for i in range(T - 1, -1, -1):                           # G(i) = c (lr_{i+1} + G(i+1))
                 g[i] = c * (lr_s[i] + g[i + 1])
             self.tables.append(g)
+        # H(k) = sum_{j<=k} (1-beta1^j)/sqrt(1-beta2^j): in units of lr, how far k steps move a
+        # row whose moments hold only the L2 gradient of those k steps (1 per step later on).
+        j = np.arange(1, T + 1, dtype=np.float64)
+        self.H = np.concatenate([[0.0], np.cumsum((1 - beta1 ** j) / np.sqrt(1 - beta2 ** j))])
+
+    def l2_steps(self, k):
+        """H(k) per row, float32 [rows, 1] (beyond T: 1 per step)."""
+        h = tf.gather(tf.constant(self.H, tf.float64), tf.minimum(k, self.T))
+        h = h + tf.cast(tf.maximum(k - self.T, 0), tf.float64)
+        return tf.cast(h, tf.float32)[:, None]
 
     def sums(self, a, k):
         """(D_r(a, k), D_b1(a, k)) per row, float32 [rows, 1]."""
@@ -242,46 +263,55 @@ class Adam(Optimizer):
                               epsilon=self.epsilon, grad=grad)
 
     def _caught_up(self, var, rows, settle: bool = False):
-        """The rows' moments after the steps they skipped, and what to subtract from the
-        stored rows to bring them there (0 in lazy mode)."""
+        """The rows' moments after the steps they skipped, what to subtract from the stored
+        rows to bring them there (0 in lazy mode), and the rows then (None: not needed)."""
+        pending = self._pending.pop(id(var), None) if self._reuse and not settle else None
+        if pending is not None:     # computed by row_correction for these rows this step
+            self._idle_steps(var, rows, settle, count_only=True)
+            return pending
         moments = self.slot(var, "moments")
         m, v = tf.split(_gather(moments, rows), 2, axis=1)
         if self._drift is None:
-            return m, v, 0.0
+            return m, v, 0.0, None
         last, k = self._idle_steps(var, rows, settle)
         return self._decayed(var, rows, m, v, last, k)
 
     def _decayed(self, var, rows, m, v, last, k):
+        """(m, v, offset, current rows or None): current = stored - offset (given when the
+        table has L2, whose gradient needs them)."""
         drift = self._drift(m, v, last, k, self.epsilon)
         kf = tf.cast(k, tf.float32)[:, None]
         b1k, b2k = tf.pow(self.beta1, kf), tf.pow(self.beta2, kf)
         if not self.table_l2:
-            return b1k * m, b2k * v, drift
-        stored = _gather(var, rows)
-        shrunk = self._idle_l2(stored - drift, v, kf)
+            return b1k * m, b2k * v, drift, None
+        shrunk = self._idle_l2(_gather(var, rows) - drift, v, last, k)
         grad = self.table_l2 * shrunk       # the L2 gradient the last skipped steps saw
         return (b1k * m + (1 - b1k) * grad, b2k * v + (1 - b2k) * tf.square(grad),
-                stored - shrunk)
+                _gather(var, rows) - shrunk, shrunk)
 
-    def _idle_l2(self, theta, v, k):
+    def _idle_l2(self, theta, v, last, k):
         """Where the table's L2 (gradient l2 * row) takes a row through k steps without data.
-        Dense Adam moves it by lr_t m/(sqrt(v)+eps) with m -> l2 * row: while the row's own
-        v (sqrt(v) decaying as beta2^(s/2)) dominates, |row| decays by exp(-E), E = lr l2
+        Dense Adam moves it by lr_t m/(sqrt(v)+eps) with m -> l2 * row. While the row's own v
+        (sqrt(v) decaying as beta2^(s/2)) dominates, |row| decays by exp(-E), E = lr l2
         sum_j (1-beta1^j) beta2^(-j/2) / sqrt(v) (eps as in the drift); once the L2 gradient
-        dominates v, Adam's normalised step moves it by about lr per step. The row takes the
-        slower of the two (an approximation: tests/test_table_updates.py states its bound)."""
+        dominates v, Adam's normalised step moves it by lr (1-beta1^j)/sqrt(1-beta2^j) at the
+        j-th step (exactly lr per step for a row no batch ever touched). The row takes the
+        slower of the two: an approximation, whose bound tests/test_table_updates.py states."""
+        kf = tf.cast(k, tf.float32)[:, None]
         t = tf.cast(tf.maximum(self.iterations, 1), tf.float32)
         lr = self.learning_rate * tf.sqrt(1 - tf.pow(self.beta2, t)) / (1 - tf.pow(self.beta1, t))
         q = self.beta2 ** -0.5
-        kq = tf.minimum(k, 80.0 / math.log(q))      # q^k stays finite; E is huge by then
+        kq = tf.minimum(kf, 80.0 / math.log(q))      # q^k stays finite; E is huge by then
         b1q = self.beta1 * q
         w1 = (q * (tf.pow(q, kq) - 1) / (q - 1)
               - b1q * (1 - tf.pow(b1q, kq)) / (1 - b1q))        # sum (1 - b1^j) q^j
-        w0 = k - self.beta1 * (1 - tf.pow(self.beta1, k)) / (1 - self.beta1)  # sum (1 - b1^j)
+        w0 = kf - self.beta1 * (1 - tf.pow(self.beta1, kf)) / (1 - self.beta1)  # sum (1 - b1^j)
         e = tf.math.divide_no_nan(lr * self.table_l2 * w1,
                                   tf.sqrt(v) + self.epsilon * tf.math.divide_no_nan(w1, w0))
+        moved = tf.where((last == 0)[:, None], self.learning_rate * kf,
+                         lr * self._drift.l2_steps(k))
         size = tf.abs(theta)
-        size = tf.maximum(tf.maximum(size * tf.exp(-e), size - lr * w0), 0.0)
+        size = tf.maximum(tf.maximum(size * tf.exp(-e), size - moved), 0.0)
         return tf.sign(theta) * size
 
     def row_correction(self, var, rows):
@@ -290,13 +320,16 @@ class Adam(Optimizer):
         # Read before this step counts: the rows as of the end of the previous step.
         m, v = tf.split(_gather(self.slot(var, "moments"), rows), 2, axis=1)
         last = _gather(self.slot(var, "last_step"), rows)
-        return self._decayed(var, rows, m, v, last, tf.maximum(self.iterations - last, 0))[2]
+        caught = self._decayed(var, rows, m, v, last, tf.maximum(self.iterations - last, 0))
+        self._pending[id(var)] = caught
+        return caught[2]
 
     def _sparse(self, var, grad, rows):
         b1p, b2p = self._powers()
         lr = self.learning_rate * tf.sqrt(1 - b2p) / (1 - b1p)
-        m, v, offset = self._caught_up(var, rows)
-        grad = self._with_l2(grad, var, rows, offset)
+        m, v, offset, current = self._caught_up(var, rows)
+        if self.table_l2:
+            grad = grad + self.table_l2 * (current if current is not None else _gather(var, rows))
         m = self.beta1 * m + (1 - self.beta1) * grad
         v = self.beta2 * v + (1 - self.beta2) * tf.square(grad)
         raw.ResourceScatterUpdate(resource=self.slot(var, "moments").handle, indices=rows,
@@ -305,7 +338,7 @@ class Adam(Optimizer):
                                updates=offset + lr * m / (tf.sqrt(v) + self.epsilon))
 
     def _settle(self, var, rows):
-        m, v, drift = self._caught_up(var, rows, settle=True)
+        m, v, drift, _ = self._caught_up(var, rows, settle=True)
         raw.ResourceScatterUpdate(resource=self.slot(var, "moments").handle, indices=rows,
                                   updates=tf.concat([m, v], 1))
         raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=drift)
