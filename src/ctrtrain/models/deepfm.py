@@ -100,7 +100,7 @@ class DeepFM(tf.Module):
         distinct, where = tf.unique(tf.reshape(ids, [-1]))
         table_rows = tf.nn.embedding_lookup(self.table, distinct)        # [U, 1 + k]
         if row_correction is not None and isinstance(self.table, tf.Variable):
-            offset = row_correction(self.table, distinct)
+            offset = row_correction(self.table, distinct, stored=table_rows)
             if offset is not None:
                 table_rows = table_rows - tf.stop_gradient(offset)
         rows = tf.reshape(tf.gather(table_rows, where), [-1, cfg.field_size, 1 + cfg.embedding_size])

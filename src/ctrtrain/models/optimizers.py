@@ -148,11 +148,12 @@ class Optimizer(tf.Module):
         """The rows' gradient plus their L2's (for rows that are current as stored)."""
         return grad + self.table_l2 * _gather(var, rows) if self.table_l2 else grad
 
-    def row_correction(self, var, rows):
+    def row_correction(self, var, rows, stored=None):
         """What to subtract from the stored rows to read them as the dense update would have
         left them (catchup mode), without changing anything: the forward pass reads rows
         through it, so that a step's gradient is taken where dense training would take it.
-        None when stored rows are already current."""
+        None when stored rows are already current. `stored`: the rows as the caller read them
+        (saves a gather)."""
         return None
 
     def _idle_steps(self, var, rows, settle: bool, count_only: bool = False):
@@ -226,10 +227,9 @@ class _AdamDrift:
             out.append(tf.cast(d, tf.float32)[:, None])
         return out
 
-    def __call__(self, m, v, a, k, epsilon: float):
+    def __call__(self, m, root_v, a, k, epsilon: float):
         d_r, d_b1 = self.sums(a, k)
-        return tf.math.divide_no_nan(
-            m * d_r, tf.sqrt(v) + epsilon * tf.math.divide_no_nan(d_r, d_b1))
+        return tf.math.divide_no_nan(m * d_r, root_v + epsilon * tf.math.divide_no_nan(d_r, d_b1))
 
 
 class Adam(Optimizer):
@@ -276,20 +276,22 @@ class Adam(Optimizer):
         last, k = self._idle_steps(var, rows, settle)
         return self._decayed(var, rows, m, v, last, k)
 
-    def _decayed(self, var, rows, m, v, last, k):
+    def _decayed(self, var, rows, m, v, last, k, stored=None):
         """(m, v, offset, current rows or None): current = stored - offset (given when the
         table has L2, whose gradient needs them)."""
-        drift = self._drift(m, v, last, k, self.epsilon)
+        root_v = tf.sqrt(v)
+        drift = self._drift(m, root_v, last, k, self.epsilon)
         kf = tf.cast(k, tf.float32)[:, None]
         b1k, b2k = tf.pow(self.beta1, kf), tf.pow(self.beta2, kf)
         if not self.table_l2:
             return b1k * m, b2k * v, drift, None
-        shrunk = self._idle_l2(_gather(var, rows) - drift, v, last, k)
+        stored = _gather(var, rows) if stored is None else stored
+        shrunk = self._idle_l2(stored - drift, root_v, last, k)
         grad = self.table_l2 * shrunk       # the L2 gradient the last skipped steps saw
         return (b1k * m + (1 - b1k) * grad, b2k * v + (1 - b2k) * tf.square(grad),
-                _gather(var, rows) - shrunk, shrunk)
+                stored - shrunk, shrunk)
 
-    def _idle_l2(self, theta, v, last, k):
+    def _idle_l2(self, theta, root_v, last, k):
         """Where the table's L2 (gradient l2 * row) takes a row through k steps without data.
         Dense Adam moves it by lr_t m/(sqrt(v)+eps) with m -> l2 * row. While the row's own v
         (sqrt(v) decaying as beta2^(s/2)) dominates, |row| decays by exp(-E), E = lr l2
@@ -307,20 +309,21 @@ class Adam(Optimizer):
               - b1q * (1 - tf.pow(b1q, kq)) / (1 - b1q))        # sum (1 - b1^j) q^j
         w0 = kf - self.beta1 * (1 - tf.pow(self.beta1, kf)) / (1 - self.beta1)  # sum (1 - b1^j)
         e = tf.math.divide_no_nan(lr * self.table_l2 * w1,
-                                  tf.sqrt(v) + self.epsilon * tf.math.divide_no_nan(w1, w0))
+                                  root_v + self.epsilon * tf.math.divide_no_nan(w1, w0))
         moved = tf.where((last == 0)[:, None], self.learning_rate * kf,
                          lr * self._drift.l2_steps(k))
         size = tf.abs(theta)
         size = tf.maximum(tf.maximum(size * tf.exp(-e), size - moved), 0.0)
         return tf.sign(theta) * size
 
-    def row_correction(self, var, rows):
+    def row_correction(self, var, rows, stored=None):
         if self._drift is None:
             return None
         # Read before this step counts: the rows as of the end of the previous step.
         m, v = tf.split(_gather(self.slot(var, "moments"), rows), 2, axis=1)
         last = _gather(self.slot(var, "last_step"), rows)
-        caught = self._decayed(var, rows, m, v, last, tf.maximum(self.iterations - last, 0))
+        caught = self._decayed(var, rows, m, v, last, tf.maximum(self.iterations - last, 0),
+                               stored)
         self._pending[id(var)] = caught
         return caught[2]
 
@@ -388,7 +391,7 @@ class Adagrad(Optimizer):
         raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=stored - theta
                                + self.learning_rate * grad / (tf.sqrt(acc) + self.epsilon))
 
-    def row_correction(self, var, rows):
+    def row_correction(self, var, rows, stored=None):
         if not (self.catches_up and self.table_updates == "catchup"):
             return None
         k = tf.maximum(self.iterations - _gather(self.slot(var, "last_step"), rows), 0)
@@ -448,7 +451,7 @@ class Ftrl(Optimizer):
         raw.ResourceScatterUpdate(resource=var.handle, indices=rows,
                                   updates=self._weights(var, rows, self.iterations))
 
-    def row_correction(self, var, rows):
+    def row_correction(self, var, rows, stored=None):
         if self.table_updates != "catchup":
             return None
         return _gather(var, rows) - self._weights(var, rows, self.iterations)
@@ -499,10 +502,10 @@ class Momentum(Optimizer):
         return ((alpha * m00 + beta) * theta + alpha * m01 * accum,
                 alpha * m10 * theta + (alpha * m11 + beta) * accum)
 
-    def row_correction(self, var, rows):
+    def row_correction(self, var, rows, stored=None):
         if not (self.catches_up and self.table_updates == "catchup"):
             return None
-        stored = _gather(var, rows)
+        stored = _gather(var, rows) if stored is None else stored
         k = tf.maximum(self.iterations - _gather(self.slot(var, "last_step"), rows), 0)
         return stored - self._advance(stored, self._velocity(var, rows, stored), k)[0]
 
