@@ -112,3 +112,26 @@ def test_output_bias_starts_at_the_positive_rate():
     assert model_config(cfg, 10, 2, positive_rate=None).initial_bias == 0.0
     cfg.output_bias = "zero"
     assert model_config(cfg, 10, 2, positive_rate=0.002).initial_bias == 0.0
+
+
+def test_rare_positive_data_starts_calibrated(tmp_path):
+    """On 0.2%-positive data a few steps from a zero bias predict far above the base rate
+    (the early steps spend themselves moving the bias from 0.5); from the prior they do not."""
+    import json
+
+    from conftest import run_cli
+    from ctrtrain.data.synth import SynthConfig, synthesize
+    synthesize(tmp_path / "d", SynthConfig(rows=30_000, feature_size=3_000, base_rate=0.002),
+               processes=1)
+    means = {}
+    for bias in ("prior", "zero"):
+        md = tmp_path / bias
+        run_cli("train", "--train", tmp_path / "d" / "train", "--test", tmp_path / "d" / "test",
+                "--model-dir", md, "--steps", "5", "--batch-size", "256", "--no-export",
+                "--quiet", "--output-bias", bias, "--predictions", "auto")
+        probs = [float(line.split(",")[1]) for line in
+                 (md / "predictions.csv").read_text().splitlines()[1:]]
+        means[bias] = sum(probs) / len(probs)
+    rate = json.loads((tmp_path / "d" / "synth.json").read_text())["splits"]["train"]["positive_rate"]
+    assert means["prior"] < 2 * rate, (means, rate)
+    assert means["zero"] > 4 * rate, (means, rate)

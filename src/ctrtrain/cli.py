@@ -235,7 +235,8 @@ def _bench_commands(sub):
                         "a synthetic long-tail set made in --work-dir)")
     p.add_argument("--epochs", type=POSITIVE, default=3)
     p.add_argument("--variants", type=lambda s: s.split(","), default=["catchup", "lazy", "dense"],
-                   help="ctrtrain's table_updates to run")
+                   help="ctrtrain runs: a table_updates, optionally with settings "
+                        "(catchup:adam_epsilon=1e-8,output_bias=zero)")
     p.add_argument("--batch-size", type=POSITIVE, default=None,
                    help="instead of the protocol's 1024 (data sets of a few thousand rows)")
     p.add_argument("--deepctr-python", default=None,

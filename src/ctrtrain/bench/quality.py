@@ -43,18 +43,33 @@ def long_tail_data(work: Path) -> Path:
     return out
 
 
+def variant_settings(variant: str) -> dict:
+    """`catchup` or `catchup:adam_epsilon=1e-8,output_bias=zero`: table_updates and other
+    training settings (by their names in `ctrtrain train --help`)."""
+    from ..errors import ConfigError
+    from ..train.config import settings_from_mapping
+    updates, _, rest = variant.partition(":")
+    raw = {"table_updates": updates}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"variant {variant!r}: {item!r} is not key=value")
+        raw[key.strip()] = value.strip()
+    return settings_from_mapping(raw, f"variant {variant!r}")
+
+
 def _ctrtrain_worker(p: dict) -> list[dict]:
     """One ctrtrain run; its evaluations per epoch."""
     from ..train import train
     from ..train.config import TrainConfig
     with tempfile.TemporaryDirectory() as md:
-        cfg = TrainConfig(
+        base = dict(
             train_dir=p["train"], valid_dir=p["valid"], test_dir=p["test"], model_dir=md,
             embedding_size=p["embedding_size"], deep_layers=tuple(p["deep_layers"]),
             dropout=p["dropout"], batch_size=p["batch_size"], learning_rate=p["learning_rate"],
             l2_reg=p["l2"], seed=p["seed"], epochs=p["epochs"], eval_every="1 epochs",
-            eval_test=True, table_updates=p["variant"], checkpoint_every=0, export=False,
-            progress=False, quiet=True)
+            eval_test=True, checkpoint_every=0, export=False, progress=False, quiet=True)
+        cfg = TrainConfig(**{**base, **variant_settings(p["variant"])})
         r = train(cfg)
         events = [json.loads(line) for line in (Path(md) / "metrics.jsonl").read_text().splitlines()]
     steps_per_epoch = r["total_steps"] / p["epochs"]
@@ -115,6 +130,8 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
         splits = {s: str(Path(root) / s) for s in ("train", "valid", "test")}
         for s, d in splits.items():
             resolve_source(d)          # a clear error now, not in a worker
+        for variant in variants:
+            variant_settings(variant)  # likewise
         results = {}
         for variant in variants:
             params = {**config, **splits, "epochs": epochs, "variant": variant}

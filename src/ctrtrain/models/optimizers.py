@@ -1,27 +1,28 @@
 """Optimizers for a CTR model: an embedding table's update costs O(rows in the batch), not
-O(table), with the result of the dense update.
+O(table), and trains as the dense update does.
 
 A batch touches a few thousand of a table's rows. Dense Adam (Keras, the SageMaker DeepFM
-sample, DeepCTR) still moves every row at every step: the moments of an untouched row decay
-and the row keeps drifting along them. Three ways to update a table (`table_updates`):
+sample, DeepCTR) still moves every row at every step: the moments of an untouched row decay,
+the row keeps drifting along them, and the table's L2 pulls it towards 0. Three ways to update
+a table (`table_updates`):
 
-- `catchup` (default): a row not in the batch is left alone, and when it is next touched (or
-  when the table is read whole: evaluation, export, `settle`) it is first brought to where the
-  dense update would have taken it in the steps it skipped. Each table keeps a per-row counter
-  of the last step applied to it; the skipped decay of Adam's moments is beta^k, and the drift
-  is a closed form in sums of the skipped steps' learning rates, read from tables of suffix
-  sums computed once (`_AdamDrift`). Exact for momentum, Adagrad and FTRL; for Adam exact
-  where eps is negligible beside sqrt(v) or dominates it, and close between (measured in
-  tests/test_table_updates.py). The forward pass reads a batch's rows as caught up
-  (`row_correction`), so each gradient is taken where dense training would take it.
-- `lazy`: rows not in the batch neither move nor decay (TensorFlow's LazyAdam). Cheapest; the
-  model learns more slowly where the table is much larger than a batch's rows.
+- `catchup` (default): a row not in the batch is left alone, and when it is next read (the
+  forward pass reads a batch's rows through `row_correction`, so each gradient is taken where
+  dense training would take it), updated, or the table is read whole (evaluation, the final
+  checkpoint, export: `settle`), it is first brought to where the dense update would have
+  taken it in the steps it skipped, from a per-row counter of its last step. The skipped
+  decay of Adam's moments is beta^k and the drift along them a closed form in sums of the
+  skipped steps' learning rates, tabulated once (`_AdamDrift`); SGD and momentum with the
+  table's L2 are a linear map per skipped step, applied k times in closed form; Adagrad's and
+  FTRL's rows do not move without gradient (with L2, Adagrad's shrink by a constant factor).
+  Adam's skipped L2 steps have no closed form and are approximated (`Adam._idle_l2`); the
+  bounds are measured in tests/test_table_updates.py.
+- `lazy`: rows not in the batch neither move nor decay (TensorFlow Addons' LazyAdam).
+  Cheapest; it trains differently where the table is much larger than a batch's rows.
 - `dense`: every row at every step, with TensorFlow's dense kernels: the reference, O(table).
 
 The table's L2 (`table_l2`, the sample's `l2_reg * tf.nn.l2_loss(table)`) is added to the
-gradient here, after any cross-replica reduction: on every row at every step in `dense`, on the
-rows a batch touches in `catchup` and `lazy` (an untouched row's L2 is not caught up: the
-difference is measured in docs/quality.md).
+gradient here, after any cross-replica reduction, at the rows' current values.
 
 Gradients of looked-up tables arrive as tf.IndexedSlices, summed here per distinct row. Dense
 gradients use TensorFlow's fused kernels. Slots are created up front (`build`), each colocated
