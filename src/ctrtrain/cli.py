@@ -225,6 +225,9 @@ def _bench_commands(sub):
     p.add_argument("--repeats", type=POSITIVE, default=3)
     p.add_argument("--variants", default=None,
                    help="YAML mapping name -> settings (threads, xla, mixed_precision, cache, batch_size)")
+    p.add_argument("--estimator-python", default=None,
+                   help="a python with tf.estimator (TF 2.15: .venv-hvd/bin/python) to measure "
+                        "the SageMaker DeepFM sample's Estimator in the same run")
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_train)
@@ -259,6 +262,7 @@ def _bench_commands(sub):
     p.add_argument("--rows", type=POSITIVE, default=1_000_000)
     p.add_argument("--feature-size", type=POSITIVE, default=1_000_000)
     p.add_argument("--mixed-precision", action="store_true")
+    p.add_argument("--table-updates", default="catchup", choices=["catchup", "lazy", "dense"])
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_profile)
@@ -330,14 +334,14 @@ def cmd_bench_train(a):
             variants = yaml.safe_load(f)
     run_train_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size, steps=a.steps,
                     warmup=a.warmup, repeats=a.repeats, variants=variants, json_path=a.json,
-                    data=a.data)
+                    data=a.data, estimator_python=a.estimator_python)
 
 
 def cmd_bench_profile(a):
     from .bench.profile import print_profile, profile_step
     from .bench.train_bench import prepare_reference_data
     data = a.data or str(prepare_reference_data(Path(a.work_dir), a.rows, a.feature_size))
-    p = profile_step(data, mixed_precision=a.mixed_precision)
+    p = profile_step(data, mixed_precision=a.mixed_precision, table_updates=a.table_updates)
     print_profile(p)
     if a.json:
         Path(a.json).write_text(json.dumps(p, indent=2) + "\n")

@@ -13,7 +13,9 @@ import time
 
 
 def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precision: bool = False,
-                 top: int = 25) -> dict:
+                 top: int = 25, table_updates: str = "catchup") -> dict:
+    """The step `ctrtrain train` runs with its defaults on `data_dir` (with the reference
+    configuration's dropout, as `bench train` measures it)."""
     from ..train.threads import ThreadConfig, apply_threads
     apply_threads(ThreadConfig())
     import tensorflow as tf
@@ -22,13 +24,18 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
     except ImportError as e:  # an internal module; present in TF 2.21
         raise RuntimeError(f"this TensorFlow build has no profiler protos ({e})") from e
     from ..input.pipeline import PipelineConfig, dataset_from_dir
-    from ..models.deepfm import DeepFMConfig
+    from ..train.config import TrainConfig, model_config, optimizer_params
+    from ..train.inputs import positive_rate
     from ..train.step import build_training
+    from .train_bench import REFERENCE
 
     ds, m = dataset_from_dir(data_dir, PipelineConfig())
     batches = [b for _, b in zip(range(warmup + steps), ds)]
+    cfg = TrainConfig(train_dir=data_dir, model_dir="unused", dropout=REFERENCE["dropout"],
+                      mixed_precision=mixed_precision, table_updates=table_updates)
     _, _, step, _ = build_training(
-        DeepFMConfig(m.feature_size, m.field_size, mixed_precision=mixed_precision), "adam", 1e-3)
+        model_config(cfg, m.feature_size, m.field_size, positive_rate(m)), cfg.optimizer,
+        cfg.learning_rate, optimizer_params=optimizer_params(cfg))
 
     for b in batches[:warmup]:
         step(b).numpy()

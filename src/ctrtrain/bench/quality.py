@@ -60,23 +60,25 @@ def variant_settings(variant: str) -> dict:
 
 def _ctrtrain_worker(p: dict) -> list[dict]:
     """One ctrtrain run; its evaluations per epoch."""
+    from ..data.index import resolve_source
     from ..train import train
     from ..train.config import TrainConfig
+    # An epoch is the whole batches of the training set, as training counts it.
+    steps_per_epoch = resolve_source(p["train"])[0].records // p["batch_size"]
     with tempfile.TemporaryDirectory() as md:
         base = dict(
             train_dir=p["train"], valid_dir=p["valid"], test_dir=p["test"], model_dir=md,
             embedding_size=p["embedding_size"], deep_layers=tuple(p["deep_layers"]),
             dropout=p["dropout"], batch_size=p["batch_size"], learning_rate=p["learning_rate"],
-            l2_reg=p["l2"], seed=p["seed"], epochs=p["epochs"], eval_every="1 epochs",
+            l2_reg=p["l2"], seed=p["seed"], epochs=p["epochs"], eval_every=steps_per_epoch,
             eval_test=True, checkpoint_every=0, export=False, progress=False, quiet=True)
         cfg = TrainConfig(**{**base, **variant_settings(p["variant"])})
         r = train(cfg)
         events = [json.loads(line) for line in (Path(md) / "metrics.jsonl").read_text().splitlines()]
-    steps_per_epoch = r["total_steps"] / p["epochs"]
     epochs: dict[int, dict] = {}
     for e in events:
         if e["event"] == "eval":
-            epoch = round(e["step"] / steps_per_epoch)
+            epoch = e["step"] // steps_per_epoch
             epochs.setdefault(epoch, {"epoch": epoch})[e["split"]] = {
                 "auc": e["auc"], "logloss": e["logloss"]}
     out = [epochs[k] for k in sorted(epochs)]

@@ -145,12 +145,23 @@ def _dense_worker(p: dict) -> dict:
             "step_ms": 1000 * secs / p["steps"]}
 
 
+def _estimator_run(python: str, params: dict) -> dict:
+    """One run of the SageMaker sample's TF1 Estimator (estimator_runner.py) in `python`."""
+    runner = str(Path(__file__).with_name("estimator_runner.py"))
+    r = subprocess.run([python, runner, json.dumps(params)], capture_output=True, text=True,
+                       timeout=3600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    if r.returncode != 0:
+        raise RuntimeError(f"estimator reference failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
                     feature_size=REFERENCE["feature_size"], steps=300, warmup=50, repeats=3,
                     variants: dict[str, dict] | None = None, json_path=None,
-                    data: str | None = None) -> dict:
+                    data: str | None = None, estimator_python: str | None = None) -> dict:
     """`data`: the user's own training data (a directory, files or a glob; indexed if it has
-    no manifest) instead of the synthesized reference set."""
+    no manifest) instead of the synthesized reference set. `estimator_python`: a python with
+    tf.estimator (TF 2.15) to measure the SageMaker sample's Estimator in the same run."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     field_size = 39
@@ -184,6 +195,21 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
               f"input-bound {med['input_bound']:.1%})  dense limit {dense_med:>9,.0f} ex/s  "
               f"ratio {med['ratio_to_dense_limit']:.2f}  peak RSS {med['peak_rss_mb']:,.0f} MB",
               flush=True)
+    if estimator_python:
+        from ..data.index import resolve_source
+        m, _ = resolve_source(str(data))
+        params = {**base, "feature_size": feature_size, "l2": 1e-4, "learning_rate": 1e-3,
+                  "compression": m.compression, "steps": min(steps, 100), "warmup": 10}
+        runs = [_estimator_run(estimator_python, params) for _ in range(repeats)]
+        est = statistics.median(r["examples_per_s"] for r in runs)
+        out["estimator_sample"] = {"examples_per_s": est, "runs": [r["examples_per_s"] for r in runs],
+                                   "tensorflow": runs[0]["tensorflow"]}
+        print(f"{'SageMaker sample Estimator':24s} {est:>9,.0f} ex/s (TF {runs[0]['tensorflow']})",
+              flush=True)
+        for name, v in out["variants"].items():
+            v["ratio_to_estimator_sample"] = v["examples_per_s"] / est
+            print(f"{name:24s} {v['ratio_to_estimator_sample']:.2f}x the Estimator sample",
+                  flush=True)
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
     return out

@@ -280,19 +280,23 @@ class Adam(Optimizer):
     def _decayed(self, var, rows, m, v, last, k, stored=None):
         """(m, v, offset, current rows or None): current = stored - offset (given when the
         table has L2, whose gradient needs them)."""
+        if self.table_l2 and stored is None:
+            stored = _gather(var, rows)
+        return self._decayed_math(m, v, last, k, stored, self.iterations)
+
+    def _decayed_math(self, m, v, last, k, stored, iterations):
         root_v = tf.sqrt(v)
         drift = self._drift(m, root_v, last, k, self.epsilon)
         kf = tf.cast(k, tf.float32)[:, None]
         b1k, b2k = tf.pow(self.beta1, kf), tf.pow(self.beta2, kf)
         if not self.table_l2:
             return b1k * m, b2k * v, drift, None
-        stored = _gather(var, rows) if stored is None else stored
-        shrunk = self._idle_l2(stored - drift, root_v, last, k)
+        shrunk = self._idle_l2(stored - drift, root_v, last, k, iterations)
         grad = self.table_l2 * shrunk       # the L2 gradient the last skipped steps saw
         return (b1k * m + (1 - b1k) * grad, b2k * v + (1 - b2k) * tf.square(grad),
                 stored - shrunk, shrunk)
 
-    def _idle_l2(self, theta, root_v, last, k):
+    def _idle_l2(self, theta, root_v, last, k, iterations):
         """Where the table's L2 (gradient l2 * row) takes a row through k steps without data.
         Dense Adam moves it by lr_t m/(sqrt(v)+eps) with m -> l2 * row. While the row's own v
         (sqrt(v) decaying as beta2^(s/2)) dominates, |row| decays by exp(-E), E = lr l2
@@ -301,7 +305,7 @@ class Adam(Optimizer):
         j-th step (exactly lr per step for a row no batch ever touched). The row takes the
         slower of the two: an approximation, whose bound tests/test_table_updates.py states."""
         kf = tf.cast(k, tf.float32)[:, None]
-        t = tf.cast(tf.maximum(self.iterations, 1), tf.float32)
+        t = tf.cast(tf.maximum(iterations, 1), tf.float32)
         lr = self.learning_rate * tf.sqrt(1 - tf.pow(self.beta2, t)) / (1 - tf.pow(self.beta1, t))
         q = self.beta2 ** -0.5
         kq = tf.minimum(kf, 80.0 / math.log(q))      # q^k stays finite; E is huge by then
