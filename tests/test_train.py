@@ -140,8 +140,8 @@ def test_every_optimizer_learns(synth, tmp_path, optimizer):
 
 def test_scale_lr_multiplies_the_step_by_the_replicas(synth, tmp_path):
     # One SGD step from the same start on the same global batch: the output bias starts at 0
-    # (output_bias zero),
-    # so after the step it is -lr x its gradient, and scale_lr over 2 replicas doubles it.
+    # (output_bias zero), so after the step it is -lr x its gradient, and scale_lr over 2
+    # replicas doubles it.
     import tensorflow as tf
     root, _ = synth
     bias = {}

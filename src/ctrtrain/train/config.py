@@ -176,8 +176,8 @@ class TrainConfig:
     ftrl_l2: float = setting(0.0, "optimizer", "FTRL's L2", number(float, 0))
     momentum: float = setting(0.9, "optimizer", "momentum (optimizer momentum)", number(float, 0))
     table_updates: str = setting(
-        "catchup", "optimizer", "how the embedding table is updated: catchup (the dense "
-        "optimizer's result at the cost of the rows a batch touches) | lazy (untouched rows "
+        "catchup", "optimizer", "how the embedding table is updated: catchup (as the dense "
+        "optimizer does, at the cost of the rows a batch touches) | lazy (untouched rows "
         "neither move nor decay) | dense (every row every step: the reference, O(table))",
         _choice(*TABLE_UPDATES))
     # schedule
