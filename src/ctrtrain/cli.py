@@ -205,6 +205,7 @@ def cmd_inspect(a):
 
 
 def _bench_commands(sub):
+    from .train.config import TABLE_UPDATES
     bench = sub.add_parser("bench", help="benchmarks (examples/s, median of runs)")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="WHAT")
     p = bsub.add_parser("data", help="libsvm -> TFRecord conversion and TFRecord read throughput")
@@ -237,7 +238,7 @@ def _bench_commands(sub):
                    help="a data set: DIR holds train/, valid/ and test/ (repeatable; default: "
                         "a synthetic long-tail set made in --work-dir)")
     p.add_argument("--epochs", type=POSITIVE, default=3)
-    p.add_argument("--variants", type=lambda s: s.split(","), default=["catchup", "lazy", "dense"],
+    p.add_argument("--variants", type=lambda s: s.split(","), default=list(TABLE_UPDATES),
                    help="ctrtrain runs: a table_updates, optionally with settings "
                         "(catchup:adam_epsilon=1e-8,output_bias=zero)")
     p.add_argument("--batch-size", type=POSITIVE, default=None,
@@ -262,7 +263,7 @@ def _bench_commands(sub):
     p.add_argument("--rows", type=POSITIVE, default=1_000_000)
     p.add_argument("--feature-size", type=POSITIVE, default=1_000_000)
     p.add_argument("--mixed-precision", action="store_true")
-    p.add_argument("--table-updates", default="catchup", choices=["catchup", "lazy", "dense"])
+    p.add_argument("--table-updates", default="catchup", choices=TABLE_UPDATES)
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_profile)

@@ -18,17 +18,17 @@ a known Bayes-optimal AUC.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from ..train.config import TABLE_UPDATES
 from .machine import describe_machine
+from .runner import run_json
 
 CONFIG = {"embedding_size": 16, "deep_layers": [256, 128, 64], "dropout": 0.5,
           "batch_size": 1024, "learning_rate": 1e-3, "l2": 1e-4, "seed": 0}
-VARIANTS = ("catchup", "lazy", "dense")
+VARIANTS = TABLE_UPDATES
 LONG_TAIL = {"rows": 500_000, "feature_size": 200_000, "zipf": 0.7}
 BAR = 0.002    # catchup's test AUC may trail the dense reference's by at most this
 
@@ -101,15 +101,6 @@ def export_arrays(split_dir: str, out: Path) -> Path:
     return out
 
 
-def _run(cmd: list[str], env: dict | None = None) -> list[dict]:
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=6 * 3600,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CTRTRAIN_NO_PROGRESS="1",
-                                **(env or {})))
-    if r.returncode != 0:
-        raise RuntimeError(f"{cmd[1]} failed:\n{r.stderr[-3000:]}")
-    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-
-
 def selected(epochs: list[dict]) -> dict:
     """The epoch with the best validation AUC, and its test figures."""
     best = max(epochs, key=lambda e: e["valid"]["auc"])
@@ -130,36 +121,32 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
     report = {"machine": describe_machine(), "config": config, "epochs": epochs, "sets": {}}
     for name, root in datasets:
         splits = {s: str(Path(root) / s) for s in ("train", "valid", "test")}
-        for s, d in splits.items():
-            resolve_source(d)          # a clear error now, not in a worker
+        # Read now: a clear error here, not in a worker.
+        manifests = {s: resolve_source(d)[0] for s, d in splits.items()}
         for variant in variants:
             variant_settings(variant)  # likewise
         results = {}
         for variant in variants:
             params = {**config, **splits, "epochs": epochs, "variant": variant}
             print(f"[{name}] ctrtrain table_updates={variant} ...", flush=True)
-            results[f"ctrtrain {variant}"] = _run(
-                [sys.executable, "-m", "ctrtrain.bench.quality", json.dumps(params)])
+            results[f"ctrtrain {variant}"] = run_json(
+                [sys.executable, "-m", "ctrtrain.bench.quality", json.dumps(params)],
+                f"ctrtrain {variant}", timeout=6 * 3600)
         if deepctr_python:
             arrays = work / "arrays" / name.replace(" ", "-")
             arrays.mkdir(parents=True, exist_ok=True)
-            params = {**config, "epochs": epochs, "feature_size": _feature_size(splits["train"])}
+            params = {**config, "epochs": epochs, "feature_size": manifests["train"].feature_size}
             for s, d in splits.items():
                 params[s] = str(export_arrays(d, arrays / f"{s}.npz"))
             print(f"[{name}] DeepCTR 0.9.4 ...", flush=True)
-            results["deepctr"] = _run([deepctr_python, str(Path(__file__).with_name(
-                "deepctr_runner.py")), json.dumps(params)])
+            results["deepctr"] = run_json([deepctr_python, str(Path(__file__).with_name(
+                "deepctr_runner.py")), json.dumps(params)], "DeepCTR", timeout=6 * 3600)
         report["sets"][name] = {"data": root, "runs": results,
                                 "selected": {k: selected(v) for k, v in results.items()}}
         print(format_set(name, report["sets"][name]), flush=True)
     if out:
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def _feature_size(split_dir: str) -> int:
-    from ..data.index import resolve_source
-    return resolve_source(split_dir)[0].feature_size
 
 
 def format_set(name: str, s: dict) -> str:

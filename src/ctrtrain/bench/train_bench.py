@@ -10,16 +10,15 @@ spent waiting for input (input-bound %) reported separately from compute.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from .machine import describe_machine
+from .runner import run_json
 
 # The SageMaker DeepFM sample's configuration (with its dropout), on ids as sparse as real
 # Criteo's: Zipf(0.7) within each field gives about 8,400 distinct rows per batch of 1,024
@@ -63,12 +62,8 @@ def distinct_rows_per_batch(data: str, batch_size: int, batches: int = 20) -> fl
 
 def _run_worker(kind: str, params: dict) -> dict:
     """One measured run in a fresh Python process; returns its JSON result."""
-    cmd = [sys.executable, "-m", "ctrtrain.bench.train_bench", kind, json.dumps(params)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CTRTRAIN_NO_PROGRESS="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-    if r.returncode != 0:
-        raise RuntimeError(f"benchmark worker failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json([sys.executable, "-m", "ctrtrain.bench.train_bench", kind,
+                     json.dumps(params)], "benchmark worker")[-1]
 
 
 def _train_worker(p: dict) -> dict:
@@ -148,11 +143,7 @@ def _dense_worker(p: dict) -> dict:
 def _estimator_run(python: str, params: dict) -> dict:
     """One run of the SageMaker sample's TF1 Estimator (estimator_runner.py) in `python`."""
     runner = str(Path(__file__).with_name("estimator_runner.py"))
-    r = subprocess.run([python, runner, json.dumps(params)], capture_output=True, text=True,
-                       timeout=3600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    if r.returncode != 0:
-        raise RuntimeError(f"estimator reference failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json([python, runner, json.dumps(params)], "estimator reference")[-1]
 
 
 def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],

@@ -92,9 +92,8 @@ class Optimizer(tf.Module):
             is_table = self.is_table(var)
             slots = {n: _slot(var, n, shape, self.slot_init.get(n, 0.0))
                      for n, shape in self._slot_shapes(var, is_table)}
-            if is_table:
-                if self.catches_up and self.table_updates == "catchup":
-                    slots["last_step"] = _slot(var, "last_step", var.shape[:1], 0, tf.int64)
+            if is_table and self.counts_steps:
+                slots["last_step"] = _slot(var, "last_step", var.shape[:1], 0, tf.int64)
             self.slots.append(slots)
 
     def _slot_shapes(self, var, is_table: bool):
@@ -103,9 +102,18 @@ class Optimizer(tf.Module):
     def slot(self, var, name):
         return self.slots[self._index[id(var)]][name]
 
+    def _among_tables(self, var) -> bool:
+        return any(var is t for t in self._tables)
+
     def is_table(self, var) -> bool:
         """A table updated sparsely (catchup or lazy)."""
-        return self.table_updates != "dense" and any(var is t for t in self._tables)
+        return self.table_updates != "dense" and self._among_tables(var)
+
+    @property
+    def counts_steps(self) -> bool:
+        """Tables keep per-row last-step counters: catchup mode, for an optimizer whose rows
+        change in steps that skip them."""
+        return self.catches_up and self.table_updates == "catchup"
 
     def apply_gradients(self, grads_and_vars, unique_indices: bool = False):
         """`unique_indices`: sparse gradients are already summed per distinct row."""
@@ -122,7 +130,7 @@ class Optimizer(tf.Module):
                 values, rows = g, tf.range(tf.shape(g, out_type=tf.int64)[0])
             else:                 # a dense variable, or a table in `dense` mode
                 g = tf.convert_to_tensor(g)
-                if self.table_l2 and any(v is t for t in self._tables):
+                if self.table_l2 and self._among_tables(v):
                     g = g + self.table_l2 * v
                 self._dense(v, g)
                 continue
@@ -157,24 +165,23 @@ class Optimizer(tf.Module):
         (saves a gather)."""
         return None
 
-    def _idle_steps(self, var, rows, settle: bool, count_only: bool = False):
-        """(the rows' last steps, the steps each skipped: up to the current step t when
-        settling, up to t - 1 before applying step t); their counters are set to t. Never
-        negative: under parameter servers another worker may have counted a step meanwhile."""
-        t = tf.identity(self.iterations)
-        last_step = self.slot(var, "last_step")
-        if not count_only:
-            last = _gather(last_step, rows)
-            k = tf.maximum(t - last - (0 if settle else 1), 0)
-        raw.ResourceScatterUpdate(resource=last_step.handle, indices=rows,
-                                  updates=tf.fill(tf.shape(rows), t))
-        return (None, None) if count_only else (last, k)
+    def _skipped(self, var, rows, upto):
+        """(the rows' last steps, the steps each skipped up to step `upto`). Never negative:
+        under parameter servers another worker may have counted a step meanwhile."""
+        last = _gather(self.slot(var, "last_step"), rows)
+        return last, tf.maximum(upto - last, 0)
 
-    def _dense(self, var, grad):
-        raise NotImplementedError
+    def _mark_current(self, var, rows):
+        """The rows' counters set to the current step."""
+        raw.ResourceScatterUpdate(resource=self.slot(var, "last_step").handle, indices=rows,
+                                  updates=tf.fill(tf.shape(rows), tf.identity(self.iterations)))
 
-    def _sparse(self, var, grad, rows):
-        raise NotImplementedError
+    def _idle_steps(self, var, rows, settle: bool):
+        """`_skipped` up to the current step t when settling, up to t - 1 before applying step
+        t; then the rows are marked current."""
+        last, k = self._skipped(var, rows, self.iterations - (0 if settle else 1))
+        self._mark_current(var, rows)
+        return last, k
 
 
 class _AdamDrift:
@@ -268,7 +275,7 @@ class Adam(Optimizer):
         rows to bring them there (0 in lazy mode), and the rows then (None: not needed)."""
         pending = self._pending.pop(id(var), None) if self._reuse and not settle else None
         if pending is not None:     # computed by row_correction for these rows this step
-            self._idle_steps(var, rows, settle, count_only=True)
+            self._mark_current(var, rows)
             return pending
         moments = self.slot(var, "moments")
         m, v = tf.split(_gather(moments, rows), 2, axis=1)
@@ -326,8 +333,7 @@ class Adam(Optimizer):
             return None
         # Read before this step counts: the rows as of the end of the previous step.
         m, v = tf.split(_gather(self.slot(var, "moments"), rows), 2, axis=1)
-        last = _gather(self.slot(var, "last_step"), rows)
-        caught = self._decayed(var, rows, m, v, last, tf.maximum(self.iterations - last, 0),
+        caught = self._decayed(var, rows, m, v, *self._skipped(var, rows, self.iterations),
                                stored)
         self._pending[id(var)] = caught
         return caught[2]
@@ -383,7 +389,7 @@ class Adagrad(Optimizer):
 
     def _sparse(self, var, grad, rows):
         accum = self.slot(var, "accumulator")
-        if not (self.catches_up and self.table_updates == "catchup"):
+        if not self.counts_steps:
             raw.ResourceSparseApplyAdagradV2(var=var.handle, accum=accum.handle,
                                              lr=self.learning_rate, epsilon=self.epsilon,
                                              grad=self._with_l2(grad, var, rows), indices=rows)
@@ -397,14 +403,14 @@ class Adagrad(Optimizer):
                                + self.learning_rate * grad / (tf.sqrt(acc) + self.epsilon))
 
     def row_correction(self, var, rows, stored=None):
-        if not (self.catches_up and self.table_updates == "catchup"):
+        if not self.counts_steps:
             return None
-        k = tf.maximum(self.iterations - _gather(self.slot(var, "last_step"), rows), 0)
+        _, k = self._skipped(var, rows, self.iterations)
         stored, theta, _ = self._caught_up(var, rows, k)
         return stored - theta
 
     def _settle(self, var, rows):
-        if not self.catches_up:
+        if not self.counts_steps:
             return
         _, k = self._idle_steps(var, rows, settle=True)
         stored, theta, acc = self._caught_up(var, rows, k)
@@ -479,7 +485,7 @@ class Momentum(Optimizer):
         self.M = ((1 - lr * lam, -lr * mu), (lam, mu))
         trace, det = 1 - lr * lam + mu, mu
         disc = trace * trace - 4 * det
-        if self.catches_up and self.table_updates == "catchup" and disc <= 0:
+        if self.counts_steps and disc <= 0:
             raise ConfigError("table_updates catchup with momentum needs learning_rate * l2 < "
                               "(1 - sqrt(momentum))^2; use table_updates: dense")
         root = math.sqrt(max(disc, 0.0))
@@ -508,15 +514,15 @@ class Momentum(Optimizer):
                 alpha * m10 * theta + (alpha * m11 + beta) * accum)
 
     def row_correction(self, var, rows, stored=None):
-        if not (self.catches_up and self.table_updates == "catchup"):
+        if not self.counts_steps:
             return None
         stored = _gather(var, rows) if stored is None else stored
-        k = tf.maximum(self.iterations - _gather(self.slot(var, "last_step"), rows), 0)
+        _, k = self._skipped(var, rows, self.iterations)
         return stored - self._advance(stored, self._velocity(var, rows, stored), k)[0]
 
     def _sparse(self, var, grad, rows):
         lr = self.learning_rate
-        if not (self.catches_up and self.table_updates == "catchup"):
+        if not self.counts_steps:
             grad = self._with_l2(grad, var, rows)
             if not self.momentum:
                 raw.ResourceScatterSub(resource=var.handle, indices=rows, updates=lr * grad)
@@ -536,7 +542,7 @@ class Momentum(Optimizer):
                                updates=stored - theta + lr * accum)
 
     def _settle(self, var, rows):
-        if not self.catches_up:
+        if not self.counts_steps:
             return
         stored = _gather(var, rows)
         _, k = self._idle_steps(var, rows, settle=True)

@@ -70,12 +70,13 @@ class PSTrainer(ChiefActions):
     def __init__(self, cfg, coordinator, worker_step, iterator, model, opt, manager, stats,
                  start_step: int, log, feature_size: int, explain):
         from .evaluate import make_predict_fn
+        from .step import settle_function
         self.cfg, self.coordinator, self.worker_step, self.it = cfg, coordinator, worker_step, iterator
         self.model, self.opt, self.manager, self.stats = model, opt, manager, stats
         self.step, self.log, self.feature_size, self.explain = start_step, log, feature_size, explain
         self.predict = make_predict_fn(model)
         self._seen = self._read()
-        self._settle = tf.function(opt.settle)   # on the chief; the rows live on the servers
+        self._settle = settle_function(opt)   # on the chief; the rows live on the servers
 
     def settle(self) -> None:
         self.coordinator.join()
