@@ -73,6 +73,9 @@ out = {"env": {k: v for k, v in os.environ.items() if k.startswith(("SM_", "TF_C
        "resourceconfig": json.loads((cfg / "resourceconfig.json").read_text()),
        "inputdataconfig": json.loads((cfg / "inputdataconfig.json").read_text()),
        "hyperparameters": json.loads((cfg / "hyperparameters.json").read_text())}
+# The oracle: SageMaker's own training toolkit, reading the same /opt/ml.
+from sagemaker_training import environment
+out["toolkit"] = environment.Environment().to_env_vars()
 name = f"env-{os.environ['SM_CURRENT_HOST']}-{os.environ['LOCAL_RANK']}.json"
 pathlib.Path(os.environ["SM_OUTPUT_DATA_DIR"], name).write_text(json.dumps(out))
 """
@@ -97,30 +100,29 @@ def test_environment_matches_the_sagemaker_contract_key_by_key(tmp_path):
     base = run / "hosts" / "algo-2"
     d = json.loads((base / "output" / "data" / "env-algo-2-1.json").read_text())
     env = d["env"]
-    assert env["SM_HOSTS"] == '["algo-1", "algo-2", "algo-3"]'
+    # Key by key against the real toolkit's Environment().to_env_vars() in the same host.
+    ours = {k: v for k, v in env.items() if k.startswith("SM_")}
+    assert sorted(ours) == sorted(d["toolkit"])
+    for k, v in d["toolkit"].items():
+        assert ours[k] == v, k
+    assert env["SM_HOSTS"] == '["algo-1","algo-2","algo-3"]'
     assert env["SM_CURRENT_HOST"] == "algo-2"
     assert json.loads(env["SM_CHANNELS"]) == ["Eval", "training-2"]  # sorted
-    assert env["SM_CHANNEL_TRAINING-2"] == str(base / "input" / "data" / "training-2")
-    assert env["SM_CHANNEL_EVAL"] == str(base / "input" / "data" / "Eval")
-    assert json.loads(env["SM_HPS"]) == {"epochs": 3, "optimizer": "adam"}
+    assert env["SM_CHANNEL_TRAINING-2"] == "/opt/ml/input/data/training-2"
     assert env["SM_HP_EPOCHS"] == "3" and env["SM_HP_OPTIMIZER"] == "adam"
-    assert env["SM_MODEL_DIR"] == str(base / "model")
-    assert env["SM_OUTPUT_DATA_DIR"] == str(base / "output" / "data")
-    assert env["SM_NUM_CPUS"] == str(os.cpu_count()) and env["SM_NUM_GPUS"] == "0"
+    assert env["SM_MODEL_DIR"] == "/opt/ml/model" and env["SM_HP_MODEL_DIR"] == "/opt/ml/model"
+    assert env["SM_USER_ENTRY_POINT"] == "dump.py" and env["SM_MODULE_NAME"] == "dump"
     assert env["SM_CURRENT_INSTANCE_GROUP"] == "train"
     assert json.loads(env["SM_INSTANCE_GROUPS"]) == ["train", "data"]
     assert env["SM_IS_HETERO"] == "true"
-    assert json.loads(env["SM_CURRENT_INSTANCE_GROUP_HOSTS"]) == ["algo-1", "algo-2"]
-    te = json.loads(env["SM_TRAINING_ENV"])
-    assert te["current_host"] == "algo-2" and te["hosts"] == ["algo-1", "algo-2", "algo-3"]
-    assert te["hyperparameters"] == {"epochs": 3, "optimizer": "adam"}
-    assert te["channel_input_dirs"]["training-2"] == env["SM_CHANNEL_TRAINING-2"]
+    assert json.loads(env["SM_USER_ARGS"]) == ["--epochs", "3", "--model_dir", "/opt/ml/model",
+                                               "--optimizer", "adam"]
     # Ranks for all-reduce: 4 workers, algo-2's second process is global rank 3.
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "1")
     tfc = json.loads(env["TF_CONFIG"])
     assert tfc["task"] == {"type": "worker", "index": 3} and len(tfc["cluster"]["worker"]) == 4
-    assert all(a.startswith("127.0.0.1:") for a in tfc["cluster"]["worker"])
-    assert env["CTRTRAIN_DATA_SERVICE"].startswith("grpc://127.0.0.1:")
+    assert tfc["cluster"]["worker"] == ["algo-1:2222", "algo-1:2223", "algo-2:2222", "algo-2:2223"]
+    assert env["CTRTRAIN_DATA_SERVICE"] == "grpc://algo-3:2222"
     assert env["CTRTRAIN_DATA_SERVICE_MODE"] == "distributed_epoch"
     rc = d["resourceconfig"]
     assert rc["current_host"] == "algo-2" and rc["current_group_name"] == "train"
@@ -130,7 +132,11 @@ def test_environment_matches_the_sagemaker_contract_key_by_key(tmp_path):
     assert d["inputdataconfig"]["Eval"] == {"TrainingInputMode": "File",
                                            "S3DistributionType": "ShardedByS3Key",
                                            "RecordWrapperType": "None"}
-    assert d["hyperparameters"] == {"epochs": "3", "optimizer": "adam"}
+    # As the SageMaker SDK writes it: every value JSON-encoded, its own sagemaker_* keys.
+    hps = d["hyperparameters"]
+    assert {k: hps[k] for k in ("epochs", "optimizer", "model_dir", "sagemaker_program")} == {
+        "epochs": "3", "optimizer": '"adam"', "model_dir": '"/opt/ml/model"',
+        "sagemaker_program": '"dump.py"'}
     job = json.loads((run / "job.json").read_text())
     roles = sorted((p["label"]) for p in job["processes"])
     assert roles == ["algo-1/worker/0", "algo-1/worker/1", "algo-2/worker/2", "algo-2/worker/3",
@@ -420,19 +426,29 @@ def test_horovod_mode_without_horovod_fails_at_launch_with_a_message(tmp_path):
     assert not (tmp_path / "run" / "logs").exists()
 
 
-def test_local_jobs_see_only_loopback(tmp_path):
-    # TensorFlow's servers bind every interface; the launcher's network namespace leaves them
-    # only loopback (where the machine allows user namespaces, as here and in CI).
+def test_local_jobs_reach_only_their_own_network(tmp_path):
+    # TensorFlow's servers bind every interface. In containers (the default) each host has
+    # eth0 on the job's own bridge and no route beyond it; with --isolation loopback the job
+    # sees only loopback (where the machine allows user namespaces, as here and in CI).
     from ctrtrain.launch import isolation
     if not isolation.available():
         pytest.skip("no user network namespaces on this machine")
     (tmp_path / "ifaces.py").write_text(
-        "import json, socket\nprint('IFACES', json.dumps(sorted(n for _, n in socket.if_nameindex())))\n")
+        "import json, socket, subprocess\n"
+        "print('IFACES', json.dumps(sorted(n for _, n in socket.if_nameindex())))\n"
+        "print('ROUTES', json.dumps(subprocess.run(['ip', '-4', 'route'], capture_output=True,"
+        " text=True).stdout.splitlines()))\n")
     spec = {"name": "ifaces", "entry_point": {"script": str(tmp_path / "ifaces.py")},
             "instance_groups": [{"name": "g", "hosts": 2}], "distribution": "allreduce",
             "output_dir": str(tmp_path / "run")}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     r = run_cli("launch", tmp_path / "job.yaml")
+    assert r.stdout.count('IFACES ["eth0", "lo"]') == 2
+    routes = [json.loads(line.split("ROUTES ", 1)[1]) for line in r.stdout.splitlines()
+              if "ROUTES " in line]
+    assert len(routes) == 2 and all(len(rs) == 1 and rs[0].startswith("10.77.0.0/24 dev eth0")
+                                    for rs in routes)   # no default route: nothing outside
+    r = run_cli("launch", "--isolation", "loopback", tmp_path / "job.yaml")
     assert r.stdout.count('IFACES ["lo"]') == 2
     r = run_cli("launch", "--network", "host", tmp_path / "job.yaml")
     assert r.stdout.count("IFACES") == 2 and r.stdout.count('IFACES ["lo"]') < 2

@@ -160,7 +160,7 @@ def test_ctrtrain_netns_variable_does_not_skip_isolation(tmp_path):
     spec = script_job(tmp_path, "import json, os, socket\n"
                       "print('IFACES', json.dumps(sorted(n for _, n in socket.if_nameindex())))\n")
     r = run_cli("launch", spec, env={"CTRTRAIN_NETNS": "1"})
-    assert 'IFACES ["lo"]' in r.stdout
+    assert 'IFACES ["eth0", "lo"]' in r.stdout   # its simulated host's own network
 
 
 # --- absurd specs ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import CtrError
+from .errors import ConfigError, CtrError
 
 
 def _argparse_type(parse, name: str):
@@ -465,11 +465,16 @@ def _launch_commands(sub):
     p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
     p.add_argument("--time-limit", type=_number(float, 0, low_open=True), default=None, help="override the spec's time_limit (s)")
     p.add_argument("--quiet", action="store_true", help="no per-process console lines (logs still written)")
-    p.add_argument("--network", choices=["loopback", "host"], default="loopback",
-                   help="loopback (default): run the job in a network namespace with only a "
-                        "loopback interface, so its servers cannot be reached from outside; "
-                        "host: the machine's network. Either way the job runs in a PID "
-                        "namespace of its own: no process outlives it")
+    p.add_argument("--isolation", choices=["containers", "loopback", "host"], default=None,
+                   help="containers (default): every simulated host is a container without "
+                        "Docker -- its own /opt/ml, /tmp, hostname algo-N and address on a "
+                        "bridge private to the job (needs user namespaces); loopback: hosts are "
+                        "directories of the run, sharing this machine's filesystem and a "
+                        "loopback-only network namespace; host: the same on the machine's "
+                        "network. Every choice runs the job in a PID namespace of its own: no "
+                        "process outlives it")
+    p.add_argument("--network", choices=["loopback", "host"], default=None,
+                   help=argparse.SUPPRESS)   # before --isolation: the same as it
     p.set_defaults(func=cmd_launch)
 
 
@@ -483,12 +488,20 @@ def cmd_launch(a):
         over["time_limit"] = a.time_limit
     spec = load_spec(a.spec, over)   # spec errors first, before any re-execution
     from .launch import isolation
-    if isolation.isolate(a.argv, a.network) == "unavailable":
+    mode = a.isolation or a.network or "containers"
+    network = "host" if mode == "host" else "loopback"
+    if isolation.isolate(a.argv, network) == "unavailable":
+        if mode == "containers":
+            raise ConfigError("simulated hosts need user namespaces (`unshare --user`), which "
+                              "this machine or container forbids; `--isolation loopback` or "
+                              "`--isolation host` run hosts as directories of the run (no /opt/ml, "
+                              "one hostname, one network: SageMaker scripts that hard-code them "
+                              "will not run unchanged)")
         print("warning: no user namespaces here: processes the entry point detaches may "
               "outlive the job" + (", and the job's servers listen on every interface"
-                                   if a.network == "loopback" else "")
+                                   if network == "loopback" else "")
               + " (docs/reliability.md)", file=sys.stderr)
-    s = launch(spec, console=not a.quiet)
+    s = launch(spec, console=not a.quiet, containers=mode == "containers")
     print(f"job {s['job']} finished in {s['seconds']:.1f} s; model: {s.get('model')}")
 
 

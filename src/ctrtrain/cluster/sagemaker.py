@@ -12,6 +12,19 @@ from ..errors import ConfigError
 from .plan import Group, Topology
 
 DEFAULT_BASE = "/opt/ml"
+HOMOGENEOUS = "homogeneousCluster"   # the group name of a job without instance groups
+# sagemaker_* hyperparameters the toolkit keeps for itself; the others reach the framework as
+# its parameters (SM_FRAMEWORK_PARAMS), the rest are the user's.
+SAGEMAKER_OWN = ("sagemaker_program", "sagemaker_submit_directory",
+                 "sagemaker_enable_cloudwatch_metrics", "sagemaker_region",
+                 "sagemaker_container_log_level", "sagemaker_job_name", "default_user_module_name",
+                 "_tuning_objective_metric", "sagemaker_s3_output")
+# Framework parameters that make the current group a distribution group (the toolkit's list).
+DISTRIBUTION_FLAGS = ("sagemaker_mpi_enabled", "sagemaker_parameter_server_enabled",
+                      "sagemaker_distributed_dataparallel_enabled", "sagemaker_pytorch_ddp_enabled",
+                      "sagemaker_pytorch_xla_multi_worker_enabled",
+                      "sagemaker_multi_worker_mirrored_strategy_enabled",
+                      "sagemaker_torch_distributed_enabled")
 
 
 def channel_env_name(channel: str) -> str:
@@ -19,11 +32,61 @@ def channel_env_name(channel: str) -> str:
     return f"SM_CHANNEL_{channel.upper()}"
 
 
+def _env_value(v) -> str:
+    """A value as the toolkit writes it into a variable: strings as they are, None empty,
+    anything else compact JSON with sorted keys."""
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def hp_env_value(v) -> str:
-    return v if isinstance(v, str) else json.dumps(v)
+    return _env_value(v)
 
 
-def resource_config(topo: Topology, host: str) -> dict:
+def sdk_hyperparameters(user: dict, *, program: str, submit_directory: str, job_name: str,
+                        region: str, log_level: int = 20, model_dir: str | None = DEFAULT_BASE + "/model",
+                        framework: dict | None = None) -> dict[str, str]:
+    """hyperparameters.json as the SageMaker Python SDK writes it for a TensorFlow estimator:
+    the user's values, the script-mode keys, the distribution's `sagemaker_*` keys and
+    `model_dir`, every value JSON-encoded (a string "x" becomes "\"x\"", True "true")."""
+    hps = dict(user)
+    hps.update(sagemaker_submit_directory=submit_directory, sagemaker_program=program,
+               sagemaker_container_log_level=log_level, sagemaker_job_name=job_name,
+               sagemaker_region=region)
+    hps.update(framework or {})
+    if model_dir is not None:
+        hps["model_dir"] = model_dir
+    return {str(k): json.dumps(v) for k, v in hps.items()}
+
+
+def decode_hyperparameters(encoded: dict[str, str]) -> dict:
+    """What the toolkit reads back: each value JSON-decoded, or kept as text when it is not JSON."""
+    out = {}
+    for k, v in encoded.items():
+        try:
+            out[k] = json.loads(v)
+        except (ValueError, TypeError):
+            out[k] = v
+    return out
+
+
+def split_hyperparameters(decoded: dict) -> tuple[dict, dict, dict]:
+    """(user hyperparameters, framework parameters, the toolkit's own sagemaker_* values)."""
+    user, framework, own = {}, {}, {}
+    for k, v in decoded.items():
+        if k in SAGEMAKER_OWN:
+            own[k] = v
+        elif k.startswith("sagemaker_"):
+            framework[k] = v
+        else:
+            user[k] = v
+    return user, framework, own
+
+
+def resource_config(topo: Topology, host: str, interface: str = "eth0") -> dict:
     hosts = topo.host_names()
     group = dict(hosts)[host]
     types = {g.name: g.instance_type for g in topo.groups}
@@ -32,7 +95,7 @@ def resource_config(topo: Topology, host: str) -> dict:
             "instance_groups": [{"instance_group_name": g.name, "instance_type": g.instance_type,
                                  "hosts": [h for h, gg in hosts if gg == g.name]}
                                 for g in topo.groups],
-            "network_interface_name": "lo"}
+            "network_interface_name": interface}
 
 
 def input_data_config(channels: dict[str, dict]) -> dict:
@@ -41,66 +104,96 @@ def input_data_config(channels: dict[str, dict]) -> dict:
 
 
 def write_config_files(base: Path, topo: Topology, host: str, channels: dict[str, dict],
-                       hyperparameters: dict) -> None:
+                       hyperparameters: dict[str, str], interface: str = "eth0") -> None:
+    """/opt/ml/input/config as the platform writes it; `hyperparameters` already encoded
+    (sdk_hyperparameters)."""
     cfg = base / "input" / "config"
     cfg.mkdir(parents=True, exist_ok=True)
-    (cfg / "resourceconfig.json").write_text(json.dumps(resource_config(topo, host), indent=2))
-    (cfg / "inputdataconfig.json").write_text(json.dumps(input_data_config(channels), indent=2))
-    (cfg / "hyperparameters.json").write_text(
-        json.dumps({k: hp_env_value(v) for k, v in hyperparameters.items()}, indent=2))
+    (cfg / "resourceconfig.json").write_text(json.dumps(resource_config(topo, host, interface)))
+    (cfg / "inputdataconfig.json").write_text(json.dumps(input_data_config(channels)))
+    (cfg / "hyperparameters.json").write_text(json.dumps(hyperparameters))
 
 
 def container_env(base: Path, topo: Topology, host: str, channels: dict[str, dict],
-                  hyperparameters: dict, job_name: str, num_cpus: int, num_gpus: int = 0) -> dict:
-    """Every SM_* variable a training process on `host` sees, as strings."""
-    rc = resource_config(topo, host)
-    names = sorted(channels)
-    env = {
-        "SM_HOSTS": json.dumps(rc["hosts"]),
-        "SM_CURRENT_HOST": host,
-        "SM_CURRENT_INSTANCE_TYPE": rc["current_instance_type"],
-        "SM_CHANNELS": json.dumps(names),
-        "SM_HPS": json.dumps(hyperparameters),
-        "SM_MODEL_DIR": str(base / "model"),
-        "SM_OUTPUT_DIR": str(base / "output"),
-        "SM_OUTPUT_DATA_DIR": str(base / "output" / "data"),
-        "SM_OUTPUT_INTERMEDIATE_DIR": str(base / "output" / "intermediate"),
-        "SM_INPUT_DIR": str(base / "input"),
-        "SM_INPUT_CONFIG_DIR": str(base / "input" / "config"),
-        "SM_INPUT_DATA_CONFIG": json.dumps(input_data_config(channels)),
-        "SM_RESOURCE_CONFIG": json.dumps(rc),
-        "SM_NUM_CPUS": str(num_cpus),
-        "SM_NUM_GPUS": str(num_gpus),
-        "SM_NETWORK_INTERFACE_NAME": "lo",
-        "SM_CURRENT_INSTANCE_GROUP": rc["current_group_name"],
-        "SM_CURRENT_INSTANCE_GROUP_HOSTS": json.dumps(
-            next(g["hosts"] for g in rc["instance_groups"] if g["instance_group_name"] == rc["current_group_name"])),
-        "SM_INSTANCE_GROUPS": json.dumps([g.name for g in topo.groups]),
-        "SM_INSTANCE_GROUPS_DICT": json.dumps({g["instance_group_name"]: g for g in rc["instance_groups"]}),
-        "SM_IS_HETERO": json.dumps(len(topo.groups) > 1),
-        "SM_USER_ARGS": json.dumps(user_args(hyperparameters)),
-        "SM_USER_ENTRY_POINT": "",
-        "SM_LOG_LEVEL": "20",
-        "SM_TRAINING_ENV": "",
-    }
-    for name in names:
-        env[channel_env_name(name)] = str(base / "input" / "data" / name)
-    for k, v in hyperparameters.items():
-        env[f"SM_HP_{k.upper()}"] = hp_env_value(v)
-    training_env = {k[3:].lower(): _maybe_json(v) for k, v in env.items()
-                    if k.startswith("SM_") and k != "SM_TRAINING_ENV"}
-    training_env.update(hyperparameters=hyperparameters, job_name=job_name,
-                        channel_input_dirs={n: env[channel_env_name(n)] for n in names})
-    env["SM_TRAINING_ENV"] = json.dumps(training_env)
-    return env
+                  hyperparameters: dict[str, str], job_name: str, num_cpus: int,
+                  num_gpus: int = 0, framework_module: str | None = None,
+                  interface: str = "eth0") -> dict:
+    """Every SM_* variable the SageMaker training toolkit gives the entry point on `host`
+    (`Environment().to_env_vars()`, checked key by key against the real toolkit in
+    tests/test_contract.py), plus the platform's TRAINING_JOB_NAME, CURRENT_HOST and
+    SAGEMAKER_REGION. `hyperparameters` as written in hyperparameters.json."""
+    rc = resource_config(topo, host, interface)
+    user, framework, own = split_hyperparameters(decode_hyperparameters(hyperparameters))
+    group = rc["current_group_name"]
+    groups = {g["instance_group_name"]: g for g in rc["instance_groups"]}
+    dist_groups = framework.get("sagemaker_distribution_instance_groups")
+    if dist_groups is None:
+        dist_groups = [group] if any(framework.get(f) for f in DISTRIBUTION_FLAGS) else []
+    dist_hosts = [h for g in rc["instance_groups"] if g["instance_group_name"] in dist_groups
+                  for h in g["hosts"]]
+    program = own.get("sagemaker_program")
+    module_name = program[:-3] if isinstance(program, str) and program.endswith(".py") else program
+    paths = {"model_dir": base / "model", "output_dir": base / "output",
+             "output_data_dir": base / "output" / "data",
+             "output_intermediate_dir": base / "output" / "intermediate",
+             "input_dir": base / "input", "input_config_dir": base / "input" / "config"}
+    paths = {k: str(v) for k, v in paths.items()}
+    channel_dirs = {n: str(base / "input" / "data" / n) for n in channels}
+    args = to_cmd_args(user)
+    env = {"hosts": rc["hosts"], "network_interface_name": interface, "hps": user,
+           "user_entry_point": program, "framework_params": framework, "resource_config": rc,
+           "input_data_config": input_data_config(channels), "channels": sorted(channels),
+           "current_host": host, "current_instance_type": rc["current_instance_type"],
+           "current_instance_group": group,
+           "current_instance_group_hosts": groups[group]["hosts"],
+           "instance_groups": list(groups), "instance_groups_dict": groups,
+           "distribution_instance_groups": dist_groups, "is_hetero": len(groups) > 1,
+           "module_name": module_name, "log_level": own.get("sagemaker_container_log_level", 20),
+           "framework_module": framework_module, "num_cpus": num_cpus, "num_gpus": num_gpus,
+           "num_neurons": 0, "module_dir": own.get("sagemaker_submit_directory", str(base / "code")),
+           "user_args": args, **paths}
+    master = dist_hosts[0] if dist_hosts else rc["hosts"][0]
+    training_env = {
+        "additional_framework_parameters": framework, "channel_input_dirs": channel_dirs,
+        "current_host": host, "current_instance_group": group,
+        "current_instance_group_hosts": groups[group]["hosts"],
+        "current_instance_type": rc["current_instance_type"], "distribution_hosts": dist_hosts,
+        "distribution_instance_groups": dist_groups, "framework_module": framework_module,
+        "hosts": rc["hosts"], "hyperparameters": user, "input_data_config": env["input_data_config"],
+        "instance_groups": list(groups), "instance_groups_dict": groups,
+        "is_hetero": len(groups) > 1, "is_master": host == master,
+        "is_modelparallel_enabled": None, "is_smddpmprun_installed": False,
+        "is_smddprun_installed": False, "job_name": job_name, "log_level": env["log_level"],
+        "master_hostname": master, "module_dir": env["module_dir"], "module_name": module_name,
+        "network_interface_name": interface, "num_cpus": num_cpus, "num_gpus": num_gpus,
+        "num_neurons": 0, "resource_config": rc, "topology": [], "user_entry_point": program,
+        **paths}
+    env["training_env"] = training_env
+    for name, path in channel_dirs.items():
+        env[f"channel_{name}"] = path
+    for k, v in user.items():
+        env[f"hp_{k}"] = v
+    out = {f"SM_{k.upper()}": _env_value(v) for k, v in env.items()}
+    out.update(TRAINING_JOB_NAME=job_name, CURRENT_HOST=host,
+               SAGEMAKER_REGION=str(own.get("sagemaker_region", "")),
+               SAGEMAKER_JOB_NAME=str(own.get("sagemaker_job_name", "")))
+    return out
+
+
+def to_cmd_args(user: dict) -> list[str]:
+    """The toolkit's `--key value` arguments: keys sorted, values as Python prints them (a
+    boolean is `True`), a mapping as `k=v,k2=v2`."""
+    out = []
+    for k in sorted(user):
+        v = user[k]
+        out += [f"--{k}", ",".join(f"{a}={b}" for a, b in sorted(v.items()))
+                if isinstance(v, dict) else str(v)]
+    return out
 
 
 def user_args(hyperparameters: dict) -> list[str]:
-    """SageMaker passes hyperparameters to the entry point as `--key value` arguments."""
-    out = []
-    for k, v in hyperparameters.items():
-        out += [f"--{k}", hp_env_value(v)]
-    return out
+    """The entry point's arguments for hyperparameters as a spec gives them (not encoded)."""
+    return to_cmd_args(hyperparameters)
 
 
 def _maybe_json(v: str):

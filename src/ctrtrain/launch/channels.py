@@ -1,7 +1,11 @@
-"""Channels as a SageMaker container sees them: File mode materializes the host's share of the
-files under input/data/<channel>/ (FullyReplicated: all; ShardedByS3Key: every n-th key of the
-sorted list, like S3 key sharding); Pipe mode feeds one FIFO per channel per epoch,
-input/data/<channel>_<epoch>, from the host's share."""
+"""Channels as a SageMaker container sees them. File mode copies the host's share of the
+channel's objects into input/data/<channel>/, keeping their relative paths (sub-folders,
+dotfiles, every kind of file): FullyReplicated gives every host all of them, ShardedByS3Key
+every n-th key of the sorted list of keys, like S3 key sharding. A ctrtrain data directory
+(one with a manifest) is sharded by its data files, and every host gets the manifest of its
+share. Copies, not links: a script that writes into its input changes its host's copy only.
+Pipe mode feeds one FIFO per channel per epoch, input/data/<channel>_<epoch>, from the
+host's share."""
 
 from __future__ import annotations
 
@@ -12,30 +16,50 @@ import threading
 import time
 from pathlib import Path
 
-from ..data.files import list_inputs
 from ..data.manifest import MANIFEST_NAME, read_manifest
 from ..errors import ConfigError
 from .spec import Channel
 
 
+def _is_data_dir(ch: Channel) -> bool:
+    return os.path.isdir(ch.path) and os.path.exists(os.path.join(ch.path, MANIFEST_NAME))
+
+
+def channel_keys(ch: Channel) -> dict[str, str]:
+    """key (path relative to the channel, as an S3 key below its prefix) -> file, sorted by
+    key. A ctrtrain data directory: its data files only (its manifest travels separately)."""
+    if _is_data_dir(ch):
+        m = read_manifest(ch.path)
+        files = m.paths(ch.path)
+        return {os.path.relpath(f, ch.path): f for f in sorted(files)}
+    if os.path.isfile(ch.path):
+        return {os.path.basename(ch.path): ch.path}
+    keys = {}
+    for root, dirs, names in os.walk(ch.path):
+        dirs.sort()
+        for n in names:
+            f = os.path.join(root, n)
+            keys[os.path.relpath(f, ch.path)] = f
+    return dict(sorted(keys.items()))
+
+
 def channel_files(ch: Channel) -> list[str]:
-    """The channel's data files, sorted by key (a ctrtrain data dir: those in its manifest)."""
-    return sorted(_file_records(ch))
+    """The channel's files in key order."""
+    return list(channel_keys(ch).values())
 
 
-def _file_records(ch: Channel) -> dict[str, int | None]:
-    """Each data file of the channel (full path) with its record count from the manifest, or
-    None where there is no manifest."""
-    if os.path.isdir(ch.path) and os.path.exists(os.path.join(ch.path, MANIFEST_NAME)):
+def _records(ch: Channel) -> dict[str, int | None]:
+    """Record count of each data file from the manifest; None where there is none."""
+    if _is_data_dir(ch):
         m = read_manifest(ch.path)
         return dict(zip(m.paths(ch.path), (e.records for e in m.files)))
-    return dict.fromkeys(list_inputs([ch.path]))
+    return dict.fromkeys(channel_files(ch))
 
 
 def assign(ch: Channel, hosts: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """(host -> files, warnings)."""
-    records = _file_records(ch)
-    files = sorted(records)
+    """(host -> files in key order, warnings)."""
+    records = _records(ch)
+    files = channel_files(ch)
     if ch.distribution == "FullyReplicated":
         return {h: list(files) for h in hosts}, []
     share = {h: files[i::len(hosts)] for i, h in enumerate(hosts)}
@@ -60,20 +84,23 @@ def assign(ch: Channel, hosts: list[str]) -> tuple[dict[str, list[str]], list[st
 
 
 def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:
-    """Links the host's files into dest; a ctrtrain data dir also gets a manifest of the share."""
+    """Copies the host's files into dest at their keys; a ctrtrain data dir also gets a
+    manifest of the share and its vocabulary."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    root = ch.path if os.path.isdir(ch.path) else os.path.dirname(ch.path)
     for f in files:
-        os.symlink(os.path.abspath(f), dest / os.path.basename(f))
-    if os.path.isdir(ch.path) and os.path.exists(os.path.join(ch.path, MANIFEST_NAME)):
+        target = dest / os.path.relpath(f, root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target)
+    if _is_data_dir(ch):
         m = read_manifest(ch.path)
-        keep = {os.path.basename(f) for f in files}
-        m.files = [e for e in m.files if os.path.basename(e.path) in keep]
-        m.files = [type(e)(os.path.basename(e.path), e.records, e.bytes, e.sha256) for e in m.files]
+        keep = {os.path.relpath(f, ch.path) for f in files}
+        m.files = [type(e)(e.path, e.records, e.bytes, e.sha256) for e in m.files if e.path in keep]
         m.positives = 0  # unknown for a share
         if m.vocabulary and os.path.exists(os.path.join(ch.path, m.vocabulary)):
-            os.symlink(os.path.abspath(os.path.join(ch.path, m.vocabulary)), dest / m.vocabulary)
+            shutil.copy2(os.path.join(ch.path, m.vocabulary), dest / m.vocabulary)
         m.write(dest)
 
 
@@ -191,14 +218,20 @@ class PipeFeeder(threading.Thread):
 
 
 def _has_open(pid: int, path: Path) -> bool:
-    target = os.path.realpath(path)
+    """Whether the process holds `path` open. Compared by device and inode: a process in a
+    simulated host sees the FIFO at /opt/ml/..., not at the run directory's path."""
+    try:
+        want = os.stat(path)
+    except OSError:
+        return False
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
             try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                    return True
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
+            if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                return True
     except OSError:
         return False
     return False

@@ -1,7 +1,12 @@
-"""`ctrtrain launch job.yaml`: a multi-host job on this machine. Each simulated host gets an
-/opt/ml-like tree under <run dir>/hosts/<host>/ and its processes get exactly the environment a
-SageMaker TensorFlow container gives (plus TF_CONFIG and ranks); servers listen on free
-loopback ports; the chief's model/ is collected into <run dir>/model (and model.tar.gz)."""
+"""`ctrtrain launch job.yaml`: a multi-host job on this machine. Each simulated host is a
+container without Docker (container.py): its /opt/ml is <run dir>/hosts/<host>/, written as
+the SageMaker platform writes it (config files, channels, code), its hostname algo-N, its
+address on the job's private bridge. A framework image job (`framework_version`) runs
+SageMaker's own training toolkit on every host; ctrtrain's own modes run their roles with the
+same environment (plus TF_CONFIG and ranks). The master host's /opt/ml/model is collected
+into <run dir>/model and model.tar.gz; a failure is in <run dir>/hosts/<host>/output/failure.
+Without containers (--isolation loopback|host) hosts are directories sharing this machine's
+filesystem and loopback, on free ports."""
 
 from __future__ import annotations
 
@@ -18,10 +23,13 @@ from pathlib import Path
 from .. import heartbeat
 from ..cluster.plan import plan_cluster
 from ..cluster.process_env import process_command, process_env
-from ..cluster.sagemaker import container_env, user_args, write_config_files
+from ..cluster.sagemaker import container_env, sdk_hyperparameters, user_args, write_config_files
 from ..errors import CtrError
 from ..mode import Mode
-from .channels import PipeFeeder, assign, check_pipe_files, materialize_file_channel
+from .channels import (PipeFeeder, assign, channel_files, check_pipe_files,
+                       materialize_file_channel)
+from .container import HostContainer, bridge_address, make_bridge
+from .images import TOOLKIT_MODULE, Image, find_image, own_image
 from .spec import JobSpec
 from .supervisor import Supervisor
 
@@ -113,29 +121,86 @@ def check_runtime(spec: JobSpec) -> None:
                         "collectives.")
 
 
-def launch(spec: JobSpec, console: bool = True, cores: int | None = None) -> dict:
+def launch(spec: JobSpec, console: bool = True, cores: int | None = None,
+           containers: bool | None = None) -> dict:
+    """Runs the job to its end. `containers`: each simulated host in namespaces of its own
+    (container.py; needs the job's own namespaces, isolation.py); default: when the launcher
+    runs inside them."""
     check_runtime(spec)
+    if containers is None:
+        from .isolation import inside
+        containers = inside("loopback")
+    if spec.framework_version and not containers:
+        raise JobFailed(f"job {spec.name}: a framework image job (framework_version "
+                        f"{spec.framework_version}) runs in simulated containers, which need "
+                        "user namespaces (`ctrtrain launch` with the default --isolation "
+                        "containers); SageMaker scripts expect their own /opt/ml, hostname and "
+                        "network")
     run_dir = Path(spec.output_dir)
     lock = claim_run_dir(run_dir, spec)
     try:
-        return _launch(spec, run_dir, console, cores)
+        return _launch(spec, run_dir, console, cores, containers)
     finally:
         lock.close()
 
 
-def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None) -> dict:
+def _prepare_run(spec: JobSpec, run_dir: Path) -> None:
     if not os.access(run_dir, os.W_OK):
         raise JobFailed(f"output directory {run_dir} is not writable")
     free_mb = shutil.disk_usage(run_dir).free / 2**20
     if free_mb < spec.min_free_disk_mb:
         raise JobFailed(f"only {free_mb:,.0f} MB free on the disk of {run_dir}; the job asks for "
                         f"min_free_disk_mb={spec.min_free_disk_mb:g} (checkpoints, logs, model)")
+    for stale in ("model", "model.tar.gz", "failure"):
+        path = run_dir / stale
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _code(spec: JobSpec, run_dir: Path) -> str:
+    """The job's code as the SDK uploads it: source_dir (or the entry point's file alone)
+    packed into sourcedir.tar.gz. Returns the tarball's path (sagemaker_submit_directory)."""
+    src = run_dir / "source"
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir()
+    tar_path = src / "sourcedir.tar.gz"
+    with tarfile.open(tar_path, "w:gz") as tar:
+        if spec.entry_point.kind == "script":
+            if spec.source_dir:
+                for item in sorted(os.listdir(spec.source_dir)):
+                    tar.add(os.path.join(spec.source_dir, item), arcname=item)
+            else:
+                tar.add(spec.entry_point.target, arcname=os.path.basename(spec.entry_point.target))
+    return str(tar_path)
+
+
+def _unpack_code(tar_path: str, code_dir: Path) -> None:
+    if code_dir.exists():
+        shutil.rmtree(code_dir)
+    code_dir.mkdir(parents=True)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(code_dir, filter="data")
+
+
+def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
+            containers: bool) -> dict:
+    _prepare_run(spec, run_dir)
     cores = cores or os.cpu_count() or 1
-    ports = PortAllocator()
-    procs = plan_cluster(spec.topology, address=lambda host, slot: f"127.0.0.1:{ports.get()}")
     hosts = [h for h, _ in spec.topology.host_names()]
-    training_hosts = sorted({p.host for p in procs if p.role in ("chief", "worker")},
-                            key=hosts.index)
+    if containers:
+        # Every simulated host has its own address: the ports SageMaker's and TensorFlow's
+        # conventions fix (2222, ...) are free on each, as on real hosts.
+        procs = plan_cluster(spec.topology)
+    else:
+        ports = PortAllocator()
+        procs = plan_cluster(spec.topology, address=lambda host, slot: f"127.0.0.1:{ports.get()}")
+    framework = spec.framework_version is not None
+    image = find_image(spec.framework_version, spec.py_version) if framework else own_image()
+    training_hosts = hosts if framework else sorted(
+        {p.host for p in procs if p.role in ("chief", "worker")}, key=hosts.index)
     shares, warnings = {}, []
     for ch in spec.channels.values():
         shares[ch.name], w = assign(ch, training_hosts)
@@ -144,6 +209,7 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None) -> d
         print(f"warning: {w}", flush=True)
 
     channel_modes = {c.name: c.as_dict() for c in spec.channels.values()}
+    data_hosts = {p.host for p in procs if p.role == "data_worker"} if containers else set()
     sup = Supervisor(run_dir / "logs", console=console, time_limit=spec.time_limit,
                      watchdog=spec.watchdog)
     if sup.pid_file.exists():
@@ -154,74 +220,196 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None) -> d
         pidns.write_text(os.readlink("/proc/self/ns/pid") + "\n")
     elif pidns.exists():
         pidns.unlink()
-    feeders = []
+    source_tar = _code(spec, run_dir)
+    hyperparameters = sdk_hyperparameters(
+        spec.hyperparameters, program=spec.program, submit_directory=source_tar,
+        job_name=spec.name, region=spec.region, log_level=spec.container_log_level,
+        model_dir=spec.model_dir, framework=spec.framework_params)
+    interface = "eth0" if containers else "lo"
+    shared_ckpt = run_dir / "checkpoints"
+    shared_ckpt.mkdir(exist_ok=True)
+    feeders, boxes = [], {}
     for host in hosts:
-        base = host_base(run_dir, host)
-        for sub in ("model", "output/data", "output/intermediate", "input/data"):
-            (base / sub).mkdir(parents=True, exist_ok=True)
+        tree = host_base(run_dir, host)
+        for sub in ("model", "output/data", "output/intermediate", "input/data", "code"):
+            (tree / sub).mkdir(parents=True, exist_ok=True)
+        (tree / "output" / "failure").unlink(missing_ok=True)
+        (tree / "output" / "success").unlink(missing_ok=True)
+        if not framework:
+            # The toolkit unpacks the code itself in a framework image; ctrtrain's own
+            # modes find it unpacked, in the same place.
+            _unpack_code(source_tar, tree / "code")
         # /opt/ml/checkpoints: SageMaker syncs every host's copy with one S3 prefix, so a
         # re-launched job restores the same checkpoint everywhere; here they are one directory.
-        shared_ckpt = run_dir / "checkpoints"
-        shared_ckpt.mkdir(exist_ok=True)
-        if not (base / "checkpoints").is_symlink():
-            (base / "checkpoints").symlink_to(shared_ckpt.resolve(), target_is_directory=True)
-        write_config_files(base, spec.topology, host, channel_modes, spec.hyperparameters)
+        ckpt = tree / "checkpoints"
+        if containers:
+            if ckpt.is_symlink():
+                ckpt.unlink()
+            ckpt.mkdir(exist_ok=True)
+        elif not ckpt.is_symlink():
+            if ckpt.is_dir():
+                ckpt.rmdir()   # the mount point of an earlier run in containers
+            ckpt.symlink_to(shared_ckpt.resolve(), target_is_directory=True)
+        write_config_files(tree, spec.topology, host, channel_modes, hyperparameters, interface)
         for ch in spec.channels.values():
             files = shares[ch.name].get(host, [])
+            if host in data_hosts and ch.input_mode == "File":
+                # A tf.data service worker reads the files the trainers' pipelines name,
+                # wherever they are: its host holds every channel whole.
+                files = channel_files(ch)
             if ch.input_mode == "File":
-                materialize_file_channel(ch, files, base / "input" / "data" / ch.name)
+                materialize_file_channel(ch, files, tree / "input" / "data" / ch.name)
             elif host in training_hosts:
                 check_pipe_files(ch, files)
-                feeders.append(PipeFeeder(base / "input" / "data", ch.name, files,
+                feeders.append(PipeFeeder(tree / "input" / "data", ch.name, files,
                                           spec.pipe_epochs, sup.pids, sup.report_error))
-    started = time.time()
-    ranks = []
-    for p in procs:
-        base = host_base(run_dir, p.host)
-        env = dict(os.environ)
-        env.update(container_env(base, spec.topology, p.host, channel_modes, spec.hyperparameters,
-                                 spec.name, num_cpus=cores))
-        env.update(process_env(p, procs, cores, spec.processing_mode, spec.topology.mode))
-        cmd = process_command(p, spec.entry_point.kind, spec.entry_point.target,
-                              spec.entry_point.args, user_args(spec.hyperparameters))
-        if spec.topology.mode is Mode.HOROVOD and not p.is_server:
-            # Every rank's training heartbeat counts as horovodrun's progress.
-            env[heartbeat.ENV] = str(sup.heartbeat_path("horovodrun"))
-            ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": str(base)})
-        else:
-            # A parameter-server worker may die: the coordinator reschedules its steps.
-            sup.start(p.label, cmd, env, cwd=str(base), server=p.is_server,
-                      tolerated=spec.topology.mode.asynchronous and p.role == "worker")
-    if ranks:
-        sup.start("horovodrun", horovod_command(ranks, run_dir), dict(os.environ),
-                  cwd=str(run_dir), server=False)
-    for f in feeders:
-        f.start()
+        if containers:
+            boxes[host] = HostContainer(
+                host, hosts.index(host), tree, run_dir / "tmp" / host, hosts,
+                keep=[image.prefix, str(Path(__file__).resolve().parents[2]), str(run_dir)],
+                images=[image.prefix], binds={"/opt/ml/checkpoints": str(shared_ckpt)})
     try:
-        outcome = sup.wait()
-    finally:
+        if containers:
+            make_bridge()
+            for box in boxes.values():
+                box.start()
+        started = time.time()
+        if framework:
+            _start_framework_hosts(spec, sup, image, hosts, boxes, hyperparameters, channel_modes,
+                                   cores)
+        else:
+            _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_modes,
+                             cores, run_dir, containers)
         for f in feeders:
-            f.stop.set()
+            f.start()
+        try:
+            outcome = sup.wait()
+        finally:
+            for f in feeders:
+                f.stop.set()
+    finally:
+        for box in boxes.values():
+            box.stop()
     summary = {"job": spec.name, "ok": outcome.ok, "reason": outcome.reason,
                "seconds": time.time() - started, "exit_codes": outcome.exit_codes,
+               "framework_version": spec.framework_version, "image": image.python,
                "processes": [{"label": p.label, "host": p.host, "group": p.group, "role": p.role,
                               "index": p.index, "rank": p.rank,
-                              "address": p.address, "tf_config": p.tf_config} for p in procs],
+                              "address": p.address, "tf_config": p.tf_config} for p in procs]
+               if not framework else [{"label": f"{h}/train", "host": h} for h in hosts],
                "warnings": warnings, "tolerated_failures": outcome.tolerated}
+    failures = _failure_files(run_dir, hosts)
+    if not outcome.ok:
+        _write_failure(run_dir, hosts, outcome, framework)
+        failures = _failure_files(run_dir, hosts)
+        summary["failure"] = failures
     if outcome.ok:
-        chief = next(p for p in procs if p.is_chief)
-        summary["model"] = collect_model(host_base(run_dir, chief.host) / "model", run_dir)
+        master = hosts[0] if framework else next(p for p in procs if p.is_chief).host
+        summary["model"], summary["model_files"] = collect_model(
+            host_base(run_dir, master) / "model", run_dir)
+        if not summary["model_files"]:
+            summary["warnings"].append(f"{master} wrote nothing into /opt/ml/model: "
+                                       "model.tar.gz is empty")
+            print(f"warning: {summary['warnings'][-1]}", flush=True)
     (run_dir / "job.json").write_text(json.dumps(summary, indent=2) + "\n")
     if not outcome.ok:
-        msg = "\n".join([f"job {spec.name} failed: {outcome.reason}", *outcome.tail])
+        first = next(iter(failures.values()), "")
+        msg = "\n".join([f"job {spec.name} failed: {outcome.reason}", *outcome.tail] +
+                        (["--- /opt/ml/output/failure ---", first.strip()[-2000:]]
+                         if first and framework else []))
         raise JobFailed(msg)
     return summary
 
 
+def _platform_env(spec: JobSpec, image: Image, host: str) -> dict[str, str]:
+    """What the platform and the image give a SageMaker container before the toolkit runs:
+    a clean environment, the image's Python first on PATH, the training module, the job."""
+    env = {"PATH": f"{image.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "HOME": "/root", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_NO_INDEX": "1", "SAGEMAKER_TRAINING_MODULE": TOOLKIT_MODULE,
+           "TRAINING_JOB_NAME": spec.name, "AWS_REGION": spec.region,
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.update(spec.environment)
+    return env
+
+
+def _start_framework_hosts(spec, sup, image, hosts, boxes, hyperparameters, channel_modes, cores):
+    """Each host runs the image's entry, SageMaker's training toolkit (`train`): it reads
+    /opt/ml, unpacks the code, installs its requirements.txt, and runs the entry point as the
+    SageMaker TensorFlow container does (TF_CONFIG, parameter servers, MWMS)."""
+    for host in hosts:
+        cmd = [image.python, "-m", "sagemaker_training.cli.train"]
+        sup.start(f"{host}/train", boxes[host].enter(cmd, "/opt/ml"),
+                  _platform_env(spec, image, host),
+                  finished_marker=host_base(Path(spec.output_dir), host) / "output" / "success")
+
+
+def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_modes, cores,
+                     run_dir, containers):
+    """ctrtrain's own modes: each role a process of its host, with the SageMaker variables."""
+    ranks = []
+    for p in procs:
+        tree = host_base(run_dir, p.host)
+        base = Path("/opt/ml") if containers else tree
+        env = dict(os.environ)
+        if containers:
+            env["PATH"] = f"{image.bin_dir}:{env.get('PATH', '')}"
+        env.update(container_env(base, spec.topology, p.host, channel_modes, hyperparameters,
+                                 spec.name, num_cpus=cores,
+                                 interface="eth0" if containers else "lo"))
+        env.update(spec.environment)
+        env.update(process_env(p, procs, cores, spec.processing_mode, spec.topology.mode))
+        target = spec.entry_point.target
+        if spec.entry_point.kind == "script":
+            target = str(base / "code" / spec.program)
+        cmd = process_command(p, spec.entry_point.kind, target, spec.entry_point.args,
+                              user_args(spec.hyperparameters))
+        cwd = str(base / "code")
+        if containers:
+            cmd, cwd = boxes[p.host].enter(cmd, cwd), None
+        if spec.topology.mode is Mode.HOROVOD and not p.is_server:
+            # Every rank's training heartbeat counts as horovodrun's progress.
+            env[heartbeat.ENV] = str(sup.heartbeat_path("horovodrun"))
+            # horovodrun runs in the job's namespace and its rendezvous server listens on
+            # every interface there: ranks in containers reach it over the bridge.
+            override = ({"HOROVOD_GLOO_RENDEZVOUS_ADDR": bridge_address(),
+                         "HOROVOD_GLOO_IFACE": "eth0"} if containers else {})
+            ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": cwd or "/",
+                          "override": override})
+        else:
+            # A parameter-server worker may die: the coordinator reschedules its steps.
+            sup.start(p.label, cmd, env, cwd=cwd, server=p.is_server,
+                      tolerated=spec.topology.mode.asynchronous and p.role == "worker")
+    if ranks:
+        sup.start("horovodrun", horovod_command(ranks, run_dir), dict(os.environ),
+                  cwd=str(run_dir), server=False)
+
+
+def _failure_files(run_dir: Path, hosts: list[str]) -> dict[str, str]:
+    out = {}
+    for h in hosts:
+        f = host_base(run_dir, h) / "output" / "failure"
+        if f.exists():
+            out[h] = f.read_text(errors="replace")
+    return out
+
+
+def _write_failure(run_dir: Path, hosts: list[str], outcome, framework: bool) -> None:
+    """/opt/ml/output/failure of the host that failed (every host when none in particular
+    did), as SageMaker's FailureReason; the toolkit writes its own in framework images."""
+    failed = outcome.failed.split("/")[0] if outcome.failed else None
+    for h in hosts if failed is None else [failed]:
+        f = host_base(run_dir, h) / "output" / "failure"
+        if h in hosts and not f.exists():
+            f.write_text("\n".join([outcome.reason, *outcome.tail]) + "\n")
+
+
 def horovod_command(ranks: list[dict], run_dir: Path) -> list[str]:
-    """horovodrun (Gloo) starts one process per rank on localhost; each becomes its simulated
-    host's process through ctrtrain.launch.hvd_rank, which takes the environment the launcher
-    prepared for that rank (horovodrun gives every rank the same environment)."""
+    """horovodrun (Gloo) starts one process per rank on this machine; each becomes its
+    simulated host's process through ctrtrain.launch.hvd_rank, which takes the environment
+    the launcher prepared for that rank (horovodrun gives every rank the same environment).
+    """
     table = run_dir / "logs" / "horovod-ranks.json"
     table.write_text(json.dumps(ranks))
     n = len(ranks)
@@ -230,8 +418,9 @@ def horovod_command(ranks: list[dict], run_dir: Path) -> list[str]:
             str(table)]
 
 
-def collect_model(model_dir: Path, run_dir: Path) -> str:
-    """The chief's model/ becomes the job's output, like SageMaker's model.tar.gz step."""
+def collect_model(model_dir: Path, run_dir: Path) -> tuple[str, list[str]]:
+    """The master host's /opt/ml/model becomes the job's output, like SageMaker's
+    model.tar.gz step: (the copy's path, the files it holds)."""
     out = run_dir / "model"
     if out.exists():
         shutil.rmtree(out)
@@ -239,4 +428,5 @@ def collect_model(model_dir: Path, run_dir: Path) -> str:
     with tarfile.open(run_dir / "model.tar.gz", "w:gz") as tar:
         for item in sorted(out.iterdir()):
             tar.add(item, arcname=item.name)
-    return str(out)
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    return str(out), files

@@ -10,12 +10,15 @@ from pathlib import Path
 import yaml
 
 from ..cluster.plan import Group, Topology
+from ..cluster.sagemaker import HOMOGENEOUS
 from ..mode import Mode
 from ..errors import ConfigError
 
 INPUT_MODES = ("File", "Pipe")
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
 RECIPES = ("deepfm",)
+# Framework images the launcher can run a job in (launch/images.py finds their Pythons).
+FRAMEWORK_VERSIONS = ("2.21", "2.15")
 
 
 @dataclasses.dataclass
@@ -50,6 +53,25 @@ class JobSpec:
     processing_mode: str = "parallel_epochs"
     spec_path: str | None = None
     min_free_disk_mb: float = 256   # refused before start when the output's disk has less
+    # As a SageMaker estimator: the framework image (None: ctrtrain's own environment and
+    # distribution modes), the code directory unpacked into /opt/ml/code, the distribution's
+    # sagemaker_* hyperparameters, model_dir, region, log level and extra variables.
+    framework_version: str | None = None
+    py_version: str | None = None
+    source_dir: str | None = None
+    framework_params: dict = dataclasses.field(default_factory=dict)
+    model_dir: str | None = "/opt/ml/model"
+    region: str = "us-east-1"
+    container_log_level: int = 20
+    environment: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def program(self) -> str:
+        """The entry point as sagemaker_program names it: its path inside the code directory."""
+        if self.entry_point.kind != "script":
+            return self.entry_point.target
+        root = self.source_dir or os.path.dirname(self.entry_point.target)
+        return os.path.relpath(self.entry_point.target, root)
 
 
 # Bounds on what a local launch starts: every process is a real process on this machine.
@@ -57,7 +79,11 @@ MAX_PROCESSES = 64
 MAX_SPEC_BYTES = 1 << 20
 
 _TOP_KEYS = {"name", "entry_point", "hyperparameters", "instance_groups", "distribution",
-             "channels", "output_dir", "time_limit", "watchdog", "pipe_epochs", "min_free_disk_mb"}
+             "channels", "output_dir", "time_limit", "watchdog", "pipe_epochs", "min_free_disk_mb",
+             "framework_version", "py_version", "source_dir", "model_dir", "region", "environment",
+             "instance_count", "instance_type", "container_log_level"}
+# The estimator's `distribution` keys (SageMaker's own semantics, run by its toolkit).
+SDK_DISTRIBUTIONS = ("parameter_server", "multi_worker_mirrored_strategy", "mpi", "instance_groups")
 
 
 def _expect(cond, key, msg):
@@ -123,13 +149,20 @@ def load_spec(path: str | os.PathLike, overrides: dict | None = None) -> JobSpec
 
 def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) -> JobSpec:
     _keys(raw, _TOP_KEYS, "")
-    for k in ("name", "entry_point", "instance_groups", "output_dir"):
+    for k in ("name", "entry_point", "output_dir"):
         _expect(k in raw, k, "is required")
     name = raw["name"]
     _expect(isinstance(name, str) and name.replace("-", "").replace("_", "").isalnum()
             and len(name) <= 63, "name", "letters, digits, '-' and '_' only, at most 63")
 
+    source_dir = None
+    if raw.get("source_dir") is not None:
+        source_dir = _safe_path(base, raw["source_dir"], "source_dir")
+        _expect(os.path.isdir(source_dir), "source_dir", f"{source_dir} is not a directory")
     ep = raw["entry_point"]
+    if isinstance(ep, str):
+        # The estimator's form: a script inside source_dir (or beside the spec).
+        ep = {"script": ep if os.path.isabs(ep) else os.path.join(source_dir or str(base), ep)}
     _keys(ep, {"script", "module", "recipe", "args"}, "entry_point")
     kinds = [k for k in ("script", "module", "recipe") if k in ep]
     _expect(len(kinds) == 1, "entry_point", "give exactly one of script, module, recipe")
@@ -139,6 +172,8 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     if kind == "script":
         target = _safe_path(base, target, "entry_point.script")
         _expect(os.path.isfile(target), "entry_point.script", f"{target} does not exist")
+        _expect(source_dir is None or os.path.commonpath([target, source_dir]) == source_dir,
+                "entry_point", f"{target} is not inside source_dir {source_dir}")
     if kind == "recipe":
         _expect(target in RECIPES, "entry_point.recipe", f"unknown recipe (allowed: {', '.join(RECIPES)})")
     args = ep.get("args", [])
@@ -152,6 +187,15 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
         _expect(isinstance(v, (str, int, float, bool)), f"hyperparameters.{_show(k)}",
                 "must be a string, number or boolean")
 
+    if "instance_count" in raw or "instance_type" in raw:
+        # The estimator's homogeneous form.
+        _expect("instance_groups" not in raw, "instance_count",
+                "give instance_count/instance_type or instance_groups, not both")
+        raw = {**raw, "instance_groups": [{"name": HOMOGENEOUS,
+                                           "hosts": _int(raw, "instance_count", "job", 1),
+                                           "instance_type": raw.get("instance_type", "local")}]}
+    _expect("instance_groups" in raw, "instance_groups",
+            "is required (or the estimator's instance_count and instance_type)")
     groups_raw = raw["instance_groups"]
     _expect(isinstance(groups_raw, list) and groups_raw, "instance_groups", "must be a non-empty list")
     groups, seen = [], set()
@@ -166,9 +210,26 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
                             _int(g, "processes_per_host", where, 1),
                             str(g.get("instance_type", "local"))))
 
+    framework_version = raw.get("framework_version")
+    if framework_version is not None:
+        framework_version = str(framework_version)
+        _expect(framework_version in FRAMEWORK_VERSIONS, "framework_version",
+                f"{_show(framework_version)} is not a framework image ctrtrain provides "
+                f"({', '.join(FRAMEWORK_VERSIONS)})")
     dist = raw.get("distribution", {"mode": "single"}) or {"mode": "single"}
     if isinstance(dist, str):
         dist = {"mode": dist}
+    framework_params = {}
+    if isinstance(dist, dict) and any(k in dist for k in SDK_DISTRIBUTIONS):
+        framework_params = _sdk_distribution(dist, seen)
+        _expect(framework_version is not None, "framework_version",
+                "is required with SageMaker's distribution keys (the toolkit of that image runs them)")
+        dist = {"mode": "single"}
+    elif framework_version is not None:
+        _expect(dist.get("mode", "single") == "single" and set(dist) <= {"mode"}, "distribution",
+                "a framework image job takes SageMaker's distribution keys (parameter_server, "
+                "multi_worker_mirrored_strategy, mpi, instance_groups); ctrtrain's own modes run "
+                "without framework_version")
     _keys(dist, {"mode", "parameter_servers_per_host", "data_service"}, "distribution")
     mode = dist.get("mode", "single")
     _expect(isinstance(mode, str) and mode in tuple(Mode), "distribution.mode",
@@ -200,7 +261,7 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     training = topo.training_groups()
     _expect(training, "instance_groups", "no group left to train (all run the data service)")
     total_workers = sum(g.hosts * g.processes_per_host for g in training)
-    if mode.one_process:
+    if mode.one_process and framework_version is None:
         _expect(total_workers == 1, "instance_groups",
                 f"mode {mode} runs one training process (1 host x 1 process), not {total_workers}")
 
@@ -245,6 +306,59 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     free = raw.get("min_free_disk_mb", 256)
     _expect(isinstance(free, (int, float)) and not isinstance(free, bool) and free >= 0,
             "min_free_disk_mb", "megabytes >= 0")
+    model_dir = raw.get("model_dir", "/opt/ml/model")
+    _expect(model_dir is False or (isinstance(model_dir, str) and model_dir), "model_dir",
+            "a path, or false to pass none (as the estimator's model_dir=False)")
+    region = raw.get("region", "us-east-1")
+    _expect(isinstance(region, str) and region, "region", "a region name")
+    environment = raw.get("environment", {}) or {}
+    _expect(isinstance(environment, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in environment.items()),
+            "environment", "a mapping of variable names to strings")
+    py_version = raw.get("py_version")
+    _expect(py_version is None or (isinstance(py_version, str) and py_version.startswith("py")),
+            "py_version", "like py311")
     return JobSpec(name, EntryPoint(kind, target, args), topo, channels, hps, out, tl, wd,
                    pipe_epochs=pipe_epochs, processing_mode=processing, spec_path=spec_path,
-                   min_free_disk_mb=free)
+                   min_free_disk_mb=free, framework_version=framework_version,
+                   py_version=py_version, source_dir=source_dir, framework_params=framework_params,
+                   model_dir=model_dir or None, region=region,
+                   container_log_level=_int(raw, "container_log_level", "job", 20, minimum=0),
+                   environment=environment)
+
+
+def _enabled(dist: dict, key: str) -> bool:
+    v = dist[key]
+    _keys(v, {"enabled", "processes_per_host", "custom_mpi_options"} if key == "mpi"
+          else {"enabled"}, f"distribution.{key}")
+    _expect(isinstance(v.get("enabled", False), bool), f"distribution.{key}.enabled",
+            "true or false")
+    return v.get("enabled", False)
+
+
+def _sdk_distribution(dist: dict, groups: set) -> dict:
+    """The estimator's `distribution` as the SDK turns it into sagemaker_* hyperparameters."""
+    _keys(dist, set(SDK_DISTRIBUTIONS), "distribution")
+    out = {}
+    if "instance_groups" in dist:
+        names = dist["instance_groups"]
+        _expect(isinstance(names, list) and all(n in groups for n in names),
+                "distribution.instance_groups", f"names of instance groups ({', '.join(sorted(groups))})")
+        out["sagemaker_distribution_instance_groups"] = names
+    if "parameter_server" in dist:
+        out["sagemaker_parameter_server_enabled"] = _enabled(dist, "parameter_server")
+    if "mpi" in dist:
+        _expect(not _enabled(dist, "mpi"), "distribution.mpi",
+                "SageMaker's MPI runner (mpirun over ssh between the hosts) is not provided by "
+                "`ctrtrain launch` yet; for Horovod use ctrtrain's own mode: "
+                "`distribution: {mode: horovod}` without framework_version")
+        out["sagemaker_mpi_enabled"] = False
+    if "multi_worker_mirrored_strategy" in dist:
+        out["sagemaker_multi_worker_mirrored_strategy_enabled"] = _enabled(
+            dist, "multi_worker_mirrored_strategy")
+    if out.get("sagemaker_distribution_instance_groups") and not out.get("sagemaker_mpi_enabled"):
+        # What the SDK itself refuses.
+        _expect(False, "distribution.instance_groups",
+                "Don't set training instance groups while no distribution strategies enabled! "
+                "(the SDK's words: instance groups go with mpi or smdistributed)")
+    return out

@@ -25,6 +25,7 @@ from .. import heartbeat
 
 PR_SET_PDEATHSIG = 1
 STOPPED_LIMIT_S = 10.0   # a process stopped this long fails the job
+MARKER_GRACE_S = 10.0    # how long a process may take to exit after reporting success
 
 
 def _die_with_parent():
@@ -46,6 +47,18 @@ class Managed:
     stopped_since: float | None = None
     returncode: int | None = None
     tolerated: bool = False
+    finished_marker: Path | None = None   # a file whose presence means "done" (see finished)
+
+    def finished(self) -> bool:
+        """Exited 0, or -- for an entry that reports success in a file and may then linger
+        (SageMaker's toolkit writes /opt/ml/output/success; a parameter server it forked can
+        keep its process from exiting) -- that file has existed for MARKER_GRACE_S."""
+        if self.returncode is not None:
+            return self.returncode == 0
+        try:
+            return time.time() - self.finished_marker.stat().st_mtime > MARKER_GRACE_S
+        except (AttributeError, OSError):
+            return False
 
     def last_progress(self) -> float:
         """Wall-clock time of its last output or heartbeat."""
@@ -79,7 +92,8 @@ class Supervisor:
         self.tolerated: list[dict] = []   # failures the job survived
 
     def start(self, label: str, cmd: list[str], env: dict, cwd: str | None = None,
-              server: bool = False, tolerated: bool = False) -> Managed:
+              server: bool = False, tolerated: bool = False,
+              finished_marker: Path | None = None) -> Managed:
         log_path = self.log_dir / (label.replace("/", "-") + ".log")
         beat = self.heartbeat_path(label)
         env = {**env, heartbeat.ENV: str(beat)}
@@ -87,7 +101,8 @@ class Supervisor:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_die_with_parent)
         m = Managed(label, proc, server, log_path, collections.deque(maxlen=self.tail_lines),
-                    time.time(), heartbeat=beat, tolerated=tolerated)
+                    time.time(), heartbeat=beat, tolerated=tolerated,
+                    finished_marker=finished_marker)
         self.procs.append(m)
         with open(self.pid_file, "a") as f:
             f.write(f"{proc.pid} {label}\n")
@@ -151,7 +166,7 @@ class Supervisor:
                 if bad is not None:
                     return self._fail(f"{bad.label} exited with status {bad.returncode}", bad)
                 workers = [m for m in self.procs if not m.server]
-                if workers and all(m.returncode == 0 for m in workers):
+                if workers and all(m.finished() for m in workers):
                     self._teardown()
                     return JobOutcome(True, "all training processes finished", self._codes(),
                                       tolerated=self.tolerated)
@@ -170,7 +185,7 @@ class Supervisor:
                                       f"for {self.stopped_limit:g} s: the job cannot progress "
                                       "without it, torn down", stopped)
                 if self.watchdog:
-                    quiet = [m for m in workers if m.returncode is None]
+                    quiet = [m for m in workers if m.returncode is None and not m.finished()]
                     wall = time.time()
                     if quiet and all(wall - m.last_progress() > self.watchdog for m in quiet):
                         states = ", ".join(f"{m.label} [{_state(m.proc.pid)}]" for m in quiet)

@@ -1,0 +1,111 @@
+"""Framework images: the Python environments a job spec's `framework_version` names, as a
+SageMaker estimator's framework_version names a TensorFlow container. An image here is a
+Python prefix (a venv) with that TensorFlow and SageMaker's training toolkits installed; each
+simulated host runs it under a writable layer of its own (container.py).
+
+Where they come from: the project's scripts build `.venv` (TensorFlow 2.21, scripts/env.sh)
+and `.venv-hvd` (TensorFlow 2.15.1, Keras 2, Horovod, scripts/horovod_env.sh), both with
+sagemaker-training and sagemaker-tensorflow-training. Other Pythons can be offered with
+CTRTRAIN_IMAGES (paths of python executables, separated by ':'). A Python is the image of
+version X.Y when its installed TensorFlow is X.Y.*; found by reading package metadata (no
+TensorFlow import)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+
+TOOLKIT_MODULE = "sagemaker_tensorflow_container.training:main"
+
+_PROBE = r"""
+import json, sys, importlib.metadata as m
+def v(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return None
+print(json.dumps({"prefix": sys.prefix, "python": "py%d%d" % sys.version_info[:2],
+                  "tensorflow": v("tensorflow-cpu") or v("tensorflow"),
+                  "toolkit": v("sagemaker-training"),
+                  "tf_toolkit": v("sagemaker-tensorflow-training")}))
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    python: str          # the interpreter, as a path inside the image
+    prefix: str          # sys.prefix: what the host's writable layer covers
+    py_version: str      # py311
+    tensorflow: str
+    toolkit: str | None  # sagemaker-training's version
+
+    @property
+    def framework_version(self) -> str:
+        return ".".join(self.tensorflow.split(".")[:2])
+
+    @property
+    def bin_dir(self) -> str:
+        return str(Path(self.python).parent)
+
+
+def _candidates() -> list[str]:
+    out = [sys.executable]
+    out += [p for p in os.environ.get("CTRTRAIN_IMAGES", "").split(":") if p]
+    repo = Path(__file__).resolve().parents[3]
+    for venv in (".venv", ".venv-hvd"):
+        out.append(str(repo / venv / "bin" / "python"))
+    return list(dict.fromkeys(out))
+
+
+@functools.lru_cache(maxsize=None)
+def probe(python: str) -> Image | None:
+    if not os.path.exists(python):
+        return None
+    r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        return None
+    d = json.loads(r.stdout)
+    if not d["tensorflow"]:
+        return None
+    # The venv's own python path (not the interpreter it links to): its bin/ holds pip and
+    # the console scripts the toolkit runs.
+    return Image(python, d["prefix"], d["python"], d["tensorflow"], d["toolkit"])
+
+
+def find_image(framework_version: str, py_version: str | None = None) -> Image:
+    """The image of a framework version, with the toolkit installed; refused by name when
+    there is none."""
+    seen = []
+    for python in _candidates():
+        image = probe(python)
+        if image is None:
+            continue
+        seen.append(f"{image.framework_version} ({python})")
+        if image.framework_version != framework_version:
+            continue
+        if py_version and image.py_version != py_version:
+            raise ConfigError(f"framework_version {framework_version}: its image ({python}) runs "
+                              f"{image.py_version}, not py_version {py_version}")
+        if image.toolkit is None:
+            raise ConfigError(f"framework_version {framework_version}: {python} has no "
+                              "sagemaker-training; rebuild it with the project's script "
+                              "(scripts/env.sh or scripts/horovod_env.sh)")
+        return image
+    raise ConfigError(f"framework_version {framework_version}: no image of it here (found: "
+                      f"{', '.join(seen) or 'none'}); `bash scripts/horovod_env.sh` builds 2.15, "
+                      "scripts/env.sh 2.21, or name another Python in CTRTRAIN_IMAGES")
+
+
+def own_image() -> Image:
+    """The launcher's own environment: the image of ctrtrain's native modes."""
+    image = probe(sys.executable)
+    if image is None:
+        raise ConfigError(f"{sys.executable} has no TensorFlow installed")
+    return image
