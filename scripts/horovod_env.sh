@@ -10,7 +10,7 @@ python="${PYTHON:-python3}"
 wheels="$root/.cache/wheels"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 stamp="$venv/.ctrtrain-installed"
-want="$(cat "$root/requirements/horovod.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$root/requirements/horovod.txt" "$root/requirements/sagemaker-tensorflow.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   for tool in g++ cmake; do
     command -v "$tool" >/dev/null || { echo "horovod_env: $tool is required to build Horovod" >&2; exit 1; }
@@ -26,6 +26,7 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
       -w "$wheels" horovod==0.28.1
   fi
   "$venv/bin/python" -m pip install --quiet "$wheels"/horovod-0.28.1-*.whl
+  "$venv/bin/python" -m pip install --quiet --no-deps -r "$root/requirements/sagemaker-tensorflow.txt"
   "$venv/bin/python" -m pip install --quiet --no-deps -e "$root"
   echo "$want" > "$stamp"
 fi

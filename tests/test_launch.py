@@ -110,13 +110,12 @@ def test_environment_matches_the_sagemaker_contract_key_by_key(tmp_path):
     assert json.loads(env["SM_CHANNELS"]) == ["Eval", "training-2"]  # sorted
     assert env["SM_CHANNEL_TRAINING-2"] == "/opt/ml/input/data/training-2"
     assert env["SM_HP_EPOCHS"] == "3" and env["SM_HP_OPTIMIZER"] == "adam"
-    assert env["SM_MODEL_DIR"] == "/opt/ml/model" and env["SM_HP_MODEL_DIR"] == "/opt/ml/model"
+    assert env["SM_MODEL_DIR"] == "/opt/ml/model" and "SM_HP_MODEL_DIR" not in env
     assert env["SM_USER_ENTRY_POINT"] == "dump.py" and env["SM_MODULE_NAME"] == "dump"
     assert env["SM_CURRENT_INSTANCE_GROUP"] == "train"
     assert json.loads(env["SM_INSTANCE_GROUPS"]) == ["train", "data"]
     assert env["SM_IS_HETERO"] == "true"
-    assert json.loads(env["SM_USER_ARGS"]) == ["--epochs", "3", "--model_dir", "/opt/ml/model",
-                                               "--optimizer", "adam"]
+    assert json.loads(env["SM_USER_ARGS"]) == ["--epochs", "3", "--optimizer", "adam"]
     # Ranks for all-reduce: 4 workers, algo-2's second process is global rank 3.
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "1")
     tfc = json.loads(env["TF_CONFIG"])
@@ -134,9 +133,8 @@ def test_environment_matches_the_sagemaker_contract_key_by_key(tmp_path):
                                            "RecordWrapperType": "None"}
     # As the SageMaker SDK writes it: every value JSON-encoded, its own sagemaker_* keys.
     hps = d["hyperparameters"]
-    assert {k: hps[k] for k in ("epochs", "optimizer", "model_dir", "sagemaker_program")} == {
-        "epochs": "3", "optimizer": '"adam"', "model_dir": '"/opt/ml/model"',
-        "sagemaker_program": '"dump.py"'}
+    assert {k: hps[k] for k in ("epochs", "optimizer", "sagemaker_program")} == {
+        "epochs": "3", "optimizer": '"adam"', "sagemaker_program": '"dump.py"'}
     job = json.loads((run / "job.json").read_text())
     roles = sorted((p["label"]) for p in job["processes"])
     assert roles == ["algo-1/worker/0", "algo-1/worker/1", "algo-2/worker/2", "algo-2/worker/3",

@@ -191,11 +191,6 @@ def to_cmd_args(user: dict) -> list[str]:
     return out
 
 
-def user_args(hyperparameters: dict) -> list[str]:
-    """The entry point's arguments for hyperparameters as a spec gives them (not encoded)."""
-    return to_cmd_args(hyperparameters)
-
-
 def _maybe_json(v: str):
     try:
         return json.loads(v)

@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import heartbeat
 from ..cluster.plan import plan_cluster
 from ..cluster.process_env import process_command, process_env
-from ..cluster.sagemaker import container_env, sdk_hyperparameters, user_args, write_config_files
+from ..cluster.sagemaker import container_env, sdk_hyperparameters, write_config_files
 from ..errors import CtrError
 from ..mode import Mode
 from .channels import (PipeFeeder, assign, channel_files, check_pipe_files,
@@ -224,14 +224,16 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
     hyperparameters = sdk_hyperparameters(
         spec.hyperparameters, program=spec.program, submit_directory=source_tar,
         job_name=spec.name, region=spec.region, log_level=spec.container_log_level,
-        model_dir=spec.model_dir, framework=spec.framework_params)
+        model_dir=_model_dir(spec), framework=spec.framework_params)
     interface = "eth0" if containers else "lo"
     shared_ckpt = run_dir / "checkpoints"
     shared_ckpt.mkdir(exist_ok=True)
+    shared = run_dir / "shared"
+    (shared / "model").mkdir(parents=True, exist_ok=True)
     feeders, boxes = [], {}
     for host in hosts:
         tree = host_base(run_dir, host)
-        for sub in ("model", "output/data", "output/intermediate", "input/data", "code"):
+        for sub in ("model", "output/data", "output/intermediate", "input/data", "code", "shared"):
             (tree / sub).mkdir(parents=True, exist_ok=True)
         (tree / "output" / "failure").unlink(missing_ok=True)
         (tree / "output" / "success").unlink(missing_ok=True)
@@ -267,7 +269,8 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
             boxes[host] = HostContainer(
                 host, hosts.index(host), tree, run_dir / "tmp" / host, hosts,
                 keep=[image.prefix, str(Path(__file__).resolve().parents[2]), str(run_dir)],
-                images=[image.prefix], binds={"/opt/ml/checkpoints": str(shared_ckpt)})
+                images=[image.prefix], binds={"/opt/ml/checkpoints": str(shared_ckpt),
+                                              SHARED: str(shared)})
     try:
         if containers:
             make_bridge()
@@ -304,7 +307,8 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
         failures = _failure_files(run_dir, hosts)
         summary["failure"] = failures
     if outcome.ok:
-        master = hosts[0] if framework else next(p for p in procs if p.is_chief).host
+        master = _model_host(spec, run_dir, hosts) if framework else \
+            next(p for p in procs if p.is_chief).host
         summary["model"], summary["model_files"] = collect_model(
             host_base(run_dir, master) / "model", run_dir)
         if not summary["model_files"]:
@@ -319,6 +323,21 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
                          if first and framework else []))
         raise JobFailed(msg)
     return summary
+
+
+SHARED = "/opt/ml/shared"
+
+
+def _model_dir(spec: JobSpec) -> str | None:
+    """The `model_dir` hyperparameter. The SDK gives a TensorFlow job an S3 prefix that every
+    host shares (a distributed Estimator's checkpoints need one); here, as in the SDK's own
+    local mode, /opt/ml/shared/model, one directory bound into every host. ctrtrain's own
+    modes get none unless the spec names one (they checkpoint in /opt/ml/checkpoints)."""
+    if spec.model_dir is False:
+        return None
+    if spec.model_dir is None:
+        return f"{SHARED}/model" if spec.framework_version else None
+    return spec.model_dir
 
 
 def _platform_env(spec: JobSpec, image: Image, host: str) -> dict[str, str]:
@@ -363,8 +382,9 @@ def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_mo
         target = spec.entry_point.target
         if spec.entry_point.kind == "script":
             target = str(base / "code" / spec.program)
+        # The arguments SM_USER_ARGS names: the hyperparameters as the toolkit passes them.
         cmd = process_command(p, spec.entry_point.kind, target, spec.entry_point.args,
-                              user_args(spec.hyperparameters))
+                              json.loads(env["SM_USER_ARGS"]))
         cwd = str(base / "code")
         if containers:
             cmd, cwd = boxes[p.host].enter(cmd, cwd), None
@@ -384,6 +404,19 @@ def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_mo
     if ranks:
         sup.start("horovodrun", horovod_command(ranks, run_dir), dict(os.environ),
                   cwd=str(run_dir), server=False)
+
+
+def _model_host(spec: JobSpec, run_dir: Path, hosts: list[str]) -> str:
+    """Whose /opt/ml/model becomes model.tar.gz: the toolkit's master (the first host of the
+    distribution's groups, else the first host) -- or, when it wrote nothing there, the
+    first host that did (in a heterogeneous job the data hosts save no model)."""
+    groups = spec.framework_params.get("sagemaker_distribution_instance_groups")
+    named = [h for h, g in spec.topology.host_names() if groups is None or g in groups]
+    master = named[0] if named else hosts[0]
+    for h in [master] + hosts:
+        if any((host_base(run_dir, h) / "model").iterdir()):
+            return h
+    return master
 
 
 def _failure_files(run_dir: Path, hosts: list[str]) -> dict[str, str]:

@@ -60,7 +60,7 @@ class JobSpec:
     py_version: str | None = None
     source_dir: str | None = None
     framework_params: dict = dataclasses.field(default_factory=dict)
-    model_dir: str | None = "/opt/ml/model"
+    model_dir: str | bool | None = None   # None: the default of the job's kind (launcher)
     region: str = "us-east-1"
     container_log_level: int = 20
     environment: dict = dataclasses.field(default_factory=dict)
@@ -306,8 +306,8 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     free = raw.get("min_free_disk_mb", 256)
     _expect(isinstance(free, (int, float)) and not isinstance(free, bool) and free >= 0,
             "min_free_disk_mb", "megabytes >= 0")
-    model_dir = raw.get("model_dir", "/opt/ml/model")
-    _expect(model_dir is False or (isinstance(model_dir, str) and model_dir), "model_dir",
+    model_dir = raw.get("model_dir")
+    _expect(model_dir in (None, False) or (isinstance(model_dir, str) and model_dir), "model_dir",
             "a path, or false to pass none (as the estimator's model_dir=False)")
     region = raw.get("region", "us-east-1")
     _expect(isinstance(region, str) and region, "region", "a region name")
@@ -322,7 +322,7 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
                    pipe_epochs=pipe_epochs, processing_mode=processing, spec_path=spec_path,
                    min_free_disk_mb=free, framework_version=framework_version,
                    py_version=py_version, source_dir=source_dir, framework_params=framework_params,
-                   model_dir=model_dir or None, region=region,
+                   model_dir=model_dir, region=region,
                    container_log_level=_int(raw, "container_log_level", "job", 20, minimum=0),
                    environment=environment)
 

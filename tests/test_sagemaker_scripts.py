@@ -1,0 +1,205 @@
+"""SageMaker training scripts, written the way public ones are, run unchanged through
+`ctrtrain launch` in simulated containers with SageMaker's own training toolkit as the entry
+(sagemaker-training, sagemaker-tensorflow-training): one script per behaviour of the
+platform. The framework images are the project's environments: 2.21 (.venv) and 2.15
+(.venv-hvd, Keras 2), found by launch/images.py."""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+
+SCRIPTS = Path(__file__).parent / "sagemaker_scripts"
+
+
+@pytest.fixture(autouse=True)
+def needs_namespaces():
+    from ctrtrain.launch import isolation
+    if not isolation.available():
+        pytest.skip("simulated containers need user namespaces")
+
+
+def machine_opt_ml():
+    """What the machine's own /opt/ml holds (None: it does not exist)."""
+    p = Path("/opt/ml")
+    return sorted(str(f) for f in p.rglob("*")) if p.exists() else None
+
+
+def sm_job(tmp_path, script, **spec):
+    """A job spec as an estimator would be written: source_dir with the script, entry_point."""
+    code = tmp_path / "code"
+    shutil.copytree(SCRIPTS / script, code)
+    raw = {"name": script.replace("_", "-"), "entry_point": "train.py", "source_dir": "code",
+           "framework_version": "2.21", "instance_count": 2, "instance_type": "ml.c5.xlarge",
+           "output_dir": "run", "time_limit": 300, **spec}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_hard_coded_opt_ml_paths_sub_folder_channels_and_private_tmp(tmp_path):
+    before = machine_opt_ml()
+    data = tmp_path / "data"
+    for rel, text in {"train/part-0.csv": "1,a\n", "train/part-1.csv": "2,b\n",
+                      "test/part-0.csv": "3,c\n", "meta.json": '{"rows": 3}\n',
+                      ".version": "7\n"}.items():
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        (data / rel).write_text(text)
+    job = sm_job(tmp_path, "opt_ml", hyperparameters={"epochs": 3, "verbose": True},
+                 channels={"training": {"path": "data"}})
+    run_cli("launch", job)
+    run = tmp_path / "run"
+    for n in (1, 2):
+        host = f"algo-{n}"
+        m = json.loads((run / "hosts" / host / "model" / f"{host}.json").read_text())
+        assert m["hostname"] == host and m["cwd"] == "/opt/ml/code"
+        # The whole prefix, recursively: sub-folders, JSON and dotfiles kept.
+        assert m["files"] == {"train/part-0.csv": "1,a\n", "train/part-1.csv": "2,b\n",
+                              "test/part-0.csv": "3,c\n", "meta.json": '{"rows": 3}\n',
+                              ".version": "7\n"}
+        assert m["scratch"] == [host]                      # /tmp is the host's own
+        # hyperparameters.json as the SDK writes it; argv as the toolkit builds it.
+        assert m["hyperparameters"]["epochs"] == "3" and m["hyperparameters"]["verbose"] == "true"
+        assert json.loads(m["hyperparameters"]["sagemaker_program"]) == "train.py"
+        assert json.loads(m["hyperparameters"]["model_dir"]) == "/opt/ml/shared/model"
+        assert m["epochs"] == 3 and m["verbose"] == "True"
+    # The script appended to its input: its host's copy changed, the source did not.
+    assert (data / "train" / "part-0.csv").read_text() == "1,a\n"
+    assert "appended by algo-2" in (run / "hosts/algo-2/input/data/training/train/part-0.csv").read_text()
+    # /opt/ml/checkpoints of every host is one directory, synced to the run's.
+    assert sorted(os.listdir(run / "checkpoints")) == ["algo-1.ckpt", "algo-2.ckpt"]
+    with tarfile.open(run / "model.tar.gz") as t:
+        assert t.getnames() == ["algo-1.json"]             # the master host's /opt/ml/model
+    assert machine_opt_ml() == before                      # the machine's /opt/ml untouched
+
+
+def _wheel(dest: Path, name="localpkg", version="1.0") -> Path:
+    """A pure-Python wheel, as a user would vendor into source_dir."""
+    files = {f"{name}/__init__.py": b"VALUE = 'from the wheel'\n",
+             f"{name}-{version}.dist-info/METADATA":
+                 f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{name}-{version}.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for path, body in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(body)}")
+    record.append(f"{name}-{version}.dist-info/RECORD,,")
+    files[f"{name}-{version}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    whl = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, body in files.items():
+            z.writestr(path, body)
+    return whl
+
+
+def test_toolkit_environment_fixed_ports_on_named_hosts_and_requirements(tmp_path):
+    job = sm_job(tmp_path, "toolkit_env", instance_count=3, hyperparameters={"lr": 0.1})
+    (tmp_path / "code" / "vendor").mkdir()
+    whl = _wheel(tmp_path / "code" / "vendor")
+    (tmp_path / "code" / "requirements.txt").write_text(f"./vendor/{whl.name}\n")
+    run_cli("launch", job)
+    run = tmp_path / "run"
+    hosts = ["algo-1", "algo-2", "algo-3"]
+    for i, host in enumerate(hosts):
+        m = json.loads((run / "hosts" / host / "model" / f"{host}.json").read_text())
+        assert m["hosts"] == hosts and m["master"] == "algo-1" and m["is_master"] == (i == 0)
+        # Every other host reached this one on port 6000 from its own address.
+        assert m["heard"] == {h: f"10.77.0.{j + 2}" for j, h in enumerate(hosts) if h != host}
+        assert m["localpkg"] == "from the wheel"
+        assert m["hps"] == {"lr": 0.1, "model_dir": "/opt/ml/shared/model"}
+        assert m["module_name"] == "train" and m["env"]["SM_USER_ENTRY_POINT"] == "train.py"
+        assert m["env"]["SM_HP_MODEL_DIR"] == "/opt/ml/shared/model"
+        assert json.loads(m["env"]["SM_FRAMEWORK_PARAMS"]) == {}
+    # pip installed into the host's own layer over the image, not into the image.
+    import importlib.util
+    assert importlib.util.find_spec("localpkg") is None
+    assert list((run / "tmp" / "algo-1" / "layers").rglob("localpkg/__init__.py"))
+
+
+def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    import numpy as np
+    np.save(data / "x.npy", np.random.RandomState(0).randn(256, 2))
+    job = sm_job(tmp_path, "parameter_server", framework_version="2.15",
+                 hyperparameters={"max_steps": 40}, channels={"train": "data"},
+                 distribution={"parameter_server": {"enabled": True}})
+    r = run_cli("launch", job)
+    run = tmp_path / "run"
+    res = json.loads((run / "model" / "result.json").read_text())
+    assert res["task"] == {"index": 0, "type": "master"} and res["global_step"] == 40
+    assert abs(res["w"][0] - 2) < 0.05 and abs(res["w"][1] + 1) < 0.05
+    assert (run / "model" / res["export"] / "saved_model.pb").exists()
+    tf_config = {"cluster": {"master": ["algo-1:2222"], "ps": ["algo-1:2223", "algo-2:2223"],
+                             "worker": ["algo-2:2222"]}, "environment": "cloud"}
+    for host, task in (("algo-1", {"index": 0, "type": "master"}),
+                       ("algo-2", {"index": 0, "type": "worker"})):
+        line = next(x for x in r.stdout.splitlines() if x.startswith(f"[{host}/train] TF_CONFIG {{"))
+        assert json.loads(line.split("TF_CONFIG ", 1)[1]) == {**tf_config, "task": task}
+        assert f"[{host}/train] done" in r.stdout
+
+
+def test_multi_worker_mirrored_keras2_fit_and_save_dir(tmp_path):
+    job = sm_job(tmp_path, "mwms_keras2", framework_version="2.15",
+                 hyperparameters={"epochs": 2, "batch-size": 16},
+                 distribution={"multi_worker_mirrored_strategy": {"enabled": True}})
+    run_cli("launch", job)
+    run = tmp_path / "run"
+    h = json.loads((run / "model" / "history.json").read_text())
+    assert h["tf"].startswith("2.15") and h["keras"].startswith("2.")
+    assert h["workers"] == ["algo-1:8890", "algo-2:8890"] and h["replicas"] == 2
+    assert (run / "model" / "1" / "saved_model.pb").exists()
+    assert len(h["accuracy"]) == 2
+
+
+def test_heterogeneous_job_data_group_serves_tf_data_service(tmp_path):
+    job = sm_job(tmp_path, "hetero_data_service", instance_count=None, instance_type=None,
+                 instance_groups=[{"name": "data_group", "hosts": 1, "instance_type": "ml.c5.2xlarge"},
+                                  {"name": "dnn_group", "hosts": 1, "instance_type": "ml.p3.2xlarge"}])
+    r = run_cli("launch", job)
+    run = tmp_path / "run"
+    h = json.loads((run / "model" / "history.json").read_text())
+    assert h["host"] == "algo-2" and h["dispatcher"] == "algo-1" and len(h["loss"]) == 2
+    assert (run / "model" / "model.keras").exists()
+    assert "[algo-1/train] data service stopped by the trainer" in r.stdout
+
+
+def test_pipe_mode_channel_streams_each_epoch(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.csv").write_text("".join(f"{i},x\n" for i in range(10)))
+    (data / "b.csv").write_text("".join(f"{i},y\n" for i in range(10, 15)))
+    job = sm_job(tmp_path, "pipe_mode", instance_count=1, pipe_epochs=2,
+                 channels={"training": {"path": "data", "input_mode": "Pipe"}})
+    run_cli("launch", job)
+    assert json.loads((tmp_path / "run" / "model" / "pipe.json").read_text()) == {
+        "rows": 30, "total": 2 * sum(range(15))}
+
+
+def test_a_failing_script_writes_the_failure_file_and_fails_the_job(tmp_path):
+    before = machine_opt_ml()
+    job = sm_job(tmp_path, "failing")
+    r = run_cli("launch", job, check=False)
+    assert r.returncode == 2      # a failed job, as every ctrtrain error
+    assert "the learning rate must be positive, got -1" in r.stderr
+    failure = (tmp_path / "run" / "hosts" / "algo-2" / "output" / "failure").read_text()
+    assert "ValueError" in failure and "the learning rate must be positive" in failure
+    assert json.loads((tmp_path / "run" / "job.json").read_text())["ok"] is False
+    assert machine_opt_ml() == before
+
+
+def test_unknown_framework_version_is_refused_by_name(tmp_path):
+    job = sm_job(tmp_path, "failing", framework_version="2.99")
+    r = run_cli("launch", job, check=False)
+    assert r.returncode == 2 and "framework_version" in r.stderr and "2.99" in r.stderr and "2.21" in r.stderr
