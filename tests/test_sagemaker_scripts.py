@@ -203,3 +203,26 @@ def test_unknown_framework_version_is_refused_by_name(tmp_path):
     job = sm_job(tmp_path, "failing", framework_version="2.99")
     r = run_cli("launch", job, check=False)
     assert r.returncode == 2 and "framework_version" in r.stderr and "2.99" in r.stderr and "2.21" in r.stderr
+
+
+def test_horovod_two_hosts_two_processes_have_per_host_local_ranks(tmp_path):
+    """ctrtrain's own horovod mode (horovodrun, Gloo) across two simulated hosts: ranks see
+    their host's local rank and size, as mpirun on real hosts gives them."""
+    import subprocess
+    from conftest import ROOT
+    python = ROOT / ".venv-hvd" / "bin" / "python"
+    if not python.exists():
+        if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
+            pytest.fail(f"{python} is missing: run scripts/horovod_env.sh")
+        pytest.skip("no Horovod environment (scripts/horovod_env.sh builds it; CI does)")
+    job = sm_job(tmp_path, "horovod_ranks", framework_version=None, instance_count=None,
+                 instance_type=None, distribution={"mode": "horovod"},
+                 instance_groups=[{"name": "train", "hosts": 2, "processes_per_host": 2}])
+    r = subprocess.run([str(python), "-m", "ctrtrain.cli", "launch", str(job)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ranks = json.loads((tmp_path / "run" / "model" / "ranks.json").read_text())
+    assert [(x["rank"], x["host"], x["local_rank"], x["local_size"], x["cross_rank"])
+            for x in ranks] == [(0, "algo-1", 0, 2, 0), (1, "algo-1", 1, 2, 0),
+                                (2, "algo-2", 0, 2, 1), (3, "algo-2", 1, 2, 1)]
+    assert all(x["sum"] == 6.0 and x["size"] == 4 for x in ranks)

@@ -395,6 +395,7 @@ def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_mo
             # every interface there: ranks in containers reach it over the bridge.
             override = ({"HOROVOD_GLOO_RENDEZVOUS_ADDR": bridge_address(),
                          "HOROVOD_GLOO_IFACE": "eth0"} if containers else {})
+            override.update(_host_ranks(p, procs))
             ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": cwd or "/",
                           "override": override})
         else:
@@ -417,6 +418,23 @@ def _model_host(spec: JobSpec, run_dir: Path, hosts: list[str]) -> str:
         if any((host_base(run_dir, h) / "model").iterdir()):
             return h
     return master
+
+
+def _host_ranks(p, procs) -> dict[str, str]:
+    """A rank's place among the simulated hosts, as Horovod and Open MPI would give it on
+    real hosts: horovodrun here starts every rank on one machine and would call them all
+    local. Local rank and size within its host, cross rank and size across hosts."""
+    ranked = [q for q in procs if q.rank is not None]
+    hosts = list(dict.fromkeys(q.host for q in ranked))
+    on_host = [q for q in ranked if q.host == p.host]
+    local = on_host.index(p)
+    same_slot = [h for h in hosts if sum(q.host == h for q in ranked) > local]
+    return {"HOROVOD_LOCAL_RANK": str(local), "HOROVOD_LOCAL_SIZE": str(len(on_host)),
+            "HOROVOD_CROSS_RANK": str(same_slot.index(p.host)),
+            "HOROVOD_CROSS_SIZE": str(len(same_slot)), "HOROVOD_HOSTNAME": p.host,
+            "OMPI_COMM_WORLD_RANK": str(p.rank), "OMPI_COMM_WORLD_SIZE": str(len(ranked)),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
+            "OMPI_COMM_WORLD_LOCAL_SIZE": str(len(on_host))}
 
 
 def _failure_files(run_dir: Path, hosts: list[str]) -> dict[str, str]:

@@ -1,0 +1,19 @@
+"""A Horovod script as SageMaker's Horovod examples are written: hvd.init(), one process per
+slot, the local rank choosing the device, an allreduce, rank 0 saving."""
+import json
+import os
+import socket
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank())]), op=hvd.Sum)
+me = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+      "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+      "cross_size": hvd.cross_size(), "host": socket.gethostname(),
+      "sum": float(total.numpy()[0])}
+everyone = hvd.allgather_object(me)
+if hvd.rank() == 0:
+    with open(os.path.join(os.environ["SM_MODEL_DIR"], "ranks.json"), "w") as f:
+        json.dump(everyone, f)
