@@ -226,3 +226,24 @@ def test_horovod_two_hosts_two_processes_have_per_host_local_ranks(tmp_path):
             for x in ranks] == [(0, "algo-1", 0, 2, 0), (1, "algo-1", 1, 2, 0),
                                 (2, "algo-2", 0, 2, 1), (3, "algo-2", 1, 2, 1)]
     assert all(x["sum"] == 6.0 and x["size"] == 4 for x in ranks)
+
+
+def test_mpi_distribution_two_hosts_two_processes(tmp_path):
+    """SageMaker's `mpi` distribution in the 2.15 image: one Horovod world over both hosts,
+    processes_per_host ranks on each with their local ranks, custom_mpi_options' exports."""
+    job = sm_job(tmp_path, "horovod_ranks", framework_version="2.15",
+                 distribution={"mpi": {"enabled": True, "processes_per_host": 2,
+                                       "custom_mpi_options": "-x MY_FLAG=on --NCCL_DEBUG WARN"}})
+    run_cli("launch", job)
+    ranks = json.loads((tmp_path / "run" / "model" / "ranks.json").read_text())
+    assert [(x["rank"], x["host"], x["local_rank"], x["local_size"], x["cross_rank"])
+            for x in ranks] == [(0, "algo-1", 0, 2, 0), (1, "algo-1", 1, 2, 0),
+                                (2, "algo-2", 0, 2, 1), (3, "algo-2", 1, 2, 1)]
+    assert all(x["sum"] == 6.0 and x["size"] == 4 for x in ranks)
+    for x in ranks:
+        assert x["env"]["OMPI_COMM_WORLD_LOCAL_RANK"] == str(x["local_rank"])
+        assert x["env"]["SM_CURRENT_HOST"] == x["host"]
+        assert (x["env"]["NCCL_DEBUG"], x["env"]["MY_FLAG"]) == ("WARN", "on")
+        assert json.loads(x["env"]["SM_FRAMEWORK_PARAMS"]) == {
+            "sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2,
+            "sagemaker_mpi_custom_mpi_options": "-x MY_FLAG=on --NCCL_DEBUG WARN"}

@@ -34,7 +34,7 @@ def v(name):
 print(json.dumps({"prefix": sys.prefix, "python": "py%d%d" % sys.version_info[:2],
                   "tensorflow": v("tensorflow-cpu") or v("tensorflow"),
                   "toolkit": v("sagemaker-training"),
-                  "tf_toolkit": v("sagemaker-tensorflow-training")}))
+                  "tf_toolkit": v("sagemaker-tensorflow-training"), "horovod": v("horovod")}))
 """
 
 
@@ -45,6 +45,7 @@ class Image:
     py_version: str      # py311
     tensorflow: str
     toolkit: str | None  # sagemaker-training's version
+    horovod: str | None = None
 
     @property
     def framework_version(self) -> str:
@@ -76,7 +77,7 @@ def probe(python: str) -> Image | None:
         return None
     # The venv's own python path (not the interpreter it links to): its bin/ holds pip and
     # the console scripts the toolkit runs.
-    return Image(python, d["prefix"], d["python"], d["tensorflow"], d["toolkit"])
+    return Image(python, d["prefix"], d["python"], d["tensorflow"], d["toolkit"], d["horovod"])
 
 
 def find_image(framework_version: str, py_version: str | None = None) -> Image:

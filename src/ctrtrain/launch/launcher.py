@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tarfile
 import time
@@ -279,7 +280,7 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
         started = time.time()
         if framework:
             _start_framework_hosts(spec, sup, image, hosts, boxes, hyperparameters, channel_modes,
-                                   cores)
+                                   cores, run_dir)
         else:
             _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_modes,
                              cores, run_dir, containers)
@@ -353,15 +354,104 @@ def _platform_env(spec: JobSpec, image: Image, host: str) -> dict[str, str]:
     return env
 
 
-def _start_framework_hosts(spec, sup, image, hosts, boxes, hyperparameters, channel_modes, cores):
+def _start_framework_hosts(spec, sup, image, hosts, boxes, hyperparameters, channel_modes, cores,
+                           run_dir):
     """Each host runs the image's entry, SageMaker's training toolkit (`train`): it reads
     /opt/ml, unpacks the code, installs its requirements.txt, and runs the entry point as the
-    SageMaker TensorFlow container does (TF_CONFIG, parameter servers, MWMS)."""
+    SageMaker TensorFlow container does (TF_CONFIG, parameter servers, MWMS). With `mpi`,
+    the hosts of the distribution's groups run one horovodrun world instead (_start_mpi)."""
+    mpi_hosts = _mpi_hosts(spec)
     for host in hosts:
+        if host in mpi_hosts:
+            continue
         cmd = [image.python, "-m", "sagemaker_training.cli.train"]
         sup.start(f"{host}/train", boxes[host].enter(cmd, "/opt/ml"),
                   _platform_env(spec, image, host),
-                  finished_marker=host_base(Path(spec.output_dir), host) / "output" / "success")
+                  finished_marker=host_base(run_dir, host) / "output" / "success")
+    if mpi_hosts:
+        _start_mpi(spec, sup, image, mpi_hosts, boxes, hyperparameters, channel_modes, cores,
+                   run_dir)
+
+
+def _mpi_hosts(spec: JobSpec) -> list[str]:
+    """The hosts SageMaker's MPI runner would span: those of the distribution's instance
+    groups (all when it names none)."""
+    fp = spec.framework_params
+    if not fp.get("sagemaker_mpi_enabled"):
+        return []
+    groups = fp.get("sagemaker_distribution_instance_groups")
+    return [h for h, g in spec.topology.host_names() if groups is None or g in groups]
+
+
+def _mpi_options(options: str) -> tuple[dict[str, str], list[str]]:
+    """custom_mpi_options as the toolkit parses them (--NCCL_DEBUG, default INFO) plus the
+    `-x NAME[=VALUE]` exports: (variables for every rank, options without meaning here)."""
+    exports = {"NCCL_MIN_NRINGS": "4", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}
+    words, ignored = options.split(), []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "--NCCL_DEBUG" and i + 1 < len(words):
+            exports["NCCL_DEBUG"] = words[i + 1]
+            i += 2
+        elif w == "-x" and i + 1 < len(words):
+            name, eq, value = words[i + 1].partition("=")
+            if eq:
+                exports[name] = value
+            elif name in os.environ:
+                exports[name] = os.environ[name]
+            i += 2
+        else:
+            ignored.append(w)
+            i += 1
+    return exports, ignored
+
+
+def _start_mpi(spec, sup, image, mpi_hosts, boxes, hyperparameters, channel_modes, cores,
+               run_dir):
+    """SageMaker's `mpi` distribution: where the toolkit would run `mpirun` over ssh, one
+    horovodrun (Gloo) world of processes_per_host ranks on each host, every rank in its
+    host's container with the environment the toolkit gives (SM_*, its host's local rank,
+    OMPI_COMM_WORLD_* as Open MPI sets them, the NCCL and `-x` exports of custom_mpi_options)
+    and the command the toolkit would run. The toolkit's own installer puts requirements.txt
+    into each host's layer first."""
+    if image.horovod is None:
+        raise JobFailed(f"job {spec.name}: distribution mpi runs Horovod, which the "
+                        f"{image.framework_version} image ({image.python}) does not have; the "
+                        "2.15 image has it (`bash scripts/horovod_env.sh`)")
+    fp = spec.framework_params
+    per_host = fp.get("sagemaker_mpi_num_of_processes_per_host", 1)
+    exports, ignored = _mpi_options(fp.get("sagemaker_mpi_custom_mpi_options", ""))
+    if ignored:
+        print(f"warning: custom_mpi_options {' '.join(ignored)}: mpirun options without meaning "
+              "under horovodrun (Gloo); ignored", flush=True)
+    slots = [(host, local) for host in mpi_hosts for local in range(per_host)]
+    places = rank_places([h for h, _ in slots])
+    ranks = []
+    for host in mpi_hosts:
+        _unpack_code(str(run_dir / "source" / "sourcedir.tar.gz"), host_base(run_dir, host) / "code")
+        install = [image.python, "-c", "import sys; from sagemaker_training import entry_point; "
+                   "entry_point.install(sys.argv[1], '/opt/ml/code', capture_error=True)",
+                   spec.program]
+        r = subprocess.run(boxes[host].enter(install, "/opt/ml/code"), capture_output=True,
+                           text=True, env=_platform_env(spec, image, host), timeout=1800)
+        if r.returncode != 0:
+            raise JobFailed(f"{host}: installing /opt/ml/code/requirements.txt failed:\n"
+                            f"{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    for rank, (host, local) in enumerate(slots):
+        env = _platform_env(spec, image, host)
+        env.update(container_env(Path("/opt/ml"), spec.topology, host, channel_modes,
+                                 hyperparameters, spec.name, num_cpus=cores,
+                                 framework_module=TOOLKIT_MODULE))
+        env.update(exports)
+        env[heartbeat.ENV] = str(sup.heartbeat_path("horovodrun"))
+        cmd = [image.python, spec.program, *json.loads(env["SM_USER_ARGS"])]
+        override = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": bridge_address(), "HOROVOD_GLOO_IFACE": "eth0",
+                    **places[rank]}
+        ranks.append({"rank": rank, "env": env, "cmd": boxes[host].enter(cmd, "/opt/ml/code"),
+                      "cwd": "/", "override": override})
+    sup.start("horovodrun", horovod_command(ranks, run_dir, image), dict(os.environ),
+              cwd=str(run_dir), server=False)
 
 
 def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_modes, cores,
@@ -395,7 +485,7 @@ def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_mo
             # every interface there: ranks in containers reach it over the bridge.
             override = ({"HOROVOD_GLOO_RENDEZVOUS_ADDR": bridge_address(),
                          "HOROVOD_GLOO_IFACE": "eth0"} if containers else {})
-            override.update(_host_ranks(p, procs))
+            override.update(rank_places([q.host for q in procs if q.rank is not None])[p.rank])
             ranks.append({"rank": p.rank, "env": env, "cmd": cmd, "cwd": cwd or "/",
                           "override": override})
         else:
@@ -420,21 +510,25 @@ def _model_host(spec: JobSpec, run_dir: Path, hosts: list[str]) -> str:
     return master
 
 
-def _host_ranks(p, procs) -> dict[str, str]:
-    """A rank's place among the simulated hosts, as Horovod and Open MPI would give it on
-    real hosts: horovodrun here starts every rank on one machine and would call them all
-    local. Local rank and size within its host, cross rank and size across hosts."""
-    ranked = [q for q in procs if q.rank is not None]
-    hosts = list(dict.fromkeys(q.host for q in ranked))
-    on_host = [q for q in ranked if q.host == p.host]
-    local = on_host.index(p)
-    same_slot = [h for h in hosts if sum(q.host == h for q in ranked) > local]
-    return {"HOROVOD_LOCAL_RANK": str(local), "HOROVOD_LOCAL_SIZE": str(len(on_host)),
-            "HOROVOD_CROSS_RANK": str(same_slot.index(p.host)),
-            "HOROVOD_CROSS_SIZE": str(len(same_slot)), "HOROVOD_HOSTNAME": p.host,
-            "OMPI_COMM_WORLD_RANK": str(p.rank), "OMPI_COMM_WORLD_SIZE": str(len(ranked)),
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
-            "OMPI_COMM_WORLD_LOCAL_SIZE": str(len(on_host))}
+def rank_places(rank_hosts: list[str]) -> list[dict[str, str]]:
+    """Each rank's place among the simulated hosts (`rank_hosts[r]`: the host of rank r), as
+    Horovod and Open MPI give it on real hosts: horovodrun here starts every rank on one
+    machine and would call them all local. Local rank and size within its host, cross rank
+    and size across hosts, and the OMPI_COMM_WORLD_* variables scripts read."""
+    hosts = list(dict.fromkeys(rank_hosts))
+    out = []
+    for rank, host in enumerate(rank_hosts):
+        on_host = [r for r, h in enumerate(rank_hosts) if h == host]
+        local = on_host.index(rank)
+        same_slot = [h for h in hosts if rank_hosts.count(h) > local]
+        out.append({"HOROVOD_LOCAL_RANK": str(local), "HOROVOD_LOCAL_SIZE": str(len(on_host)),
+                    "HOROVOD_CROSS_RANK": str(same_slot.index(host)),
+                    "HOROVOD_CROSS_SIZE": str(len(same_slot)), "HOROVOD_HOSTNAME": host,
+                    "OMPI_COMM_WORLD_RANK": str(rank),
+                    "OMPI_COMM_WORLD_SIZE": str(len(rank_hosts)),
+                    "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
+                    "OMPI_COMM_WORLD_LOCAL_SIZE": str(len(on_host))})
+    return out
 
 
 def _failure_files(run_dir: Path, hosts: list[str]) -> dict[str, str]:
@@ -456,17 +550,18 @@ def _write_failure(run_dir: Path, hosts: list[str], outcome, framework: bool) ->
             f.write_text("\n".join([outcome.reason, *outcome.tail]) + "\n")
 
 
-def horovod_command(ranks: list[dict], run_dir: Path) -> list[str]:
+def horovod_command(ranks: list[dict], run_dir: Path, image: Image | None = None) -> list[str]:
     """horovodrun (Gloo) starts one process per rank on this machine; each becomes its
     simulated host's process through ctrtrain.launch.hvd_rank, which takes the environment
     the launcher prepared for that rank (horovodrun gives every rank the same environment).
-    """
+    horovodrun and the shim are the image's (a framework image job) or this Python's."""
     table = run_dir / "logs" / "horovod-ranks.json"
     table.write_text(json.dumps(ranks))
     n = len(ranks)
-    return [horovodrun(), "--gloo", "-np", str(n), "-H", f"localhost:{n}",
-            "--network-interface", "lo", sys.executable, "-m", "ctrtrain.launch.hvd_rank",
-            str(table)]
+    python = image.python if image else sys.executable
+    runner = str(Path(image.bin_dir) / "horovodrun") if image else horovodrun()
+    return [runner, "--gloo", "-np", str(n), "-H", f"localhost:{n}",
+            "--network-interface", "lo", python, "-m", "ctrtrain.launch.hvd_rank", str(table)]
 
 
 def collect_model(model_dir: Path, run_dir: Path) -> tuple[str, list[str]]:

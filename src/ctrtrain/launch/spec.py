@@ -255,6 +255,7 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     est = sum(g.hosts * g.processes_per_host for g in groups) + hosts_total * (
         topo.parameter_servers_per_host + 2 if mode.asynchronous else 0) + \
         hosts_total * ds_workers + 2
+    est += hosts_total * framework_params.get("sagemaker_mpi_num_of_processes_per_host", 0)
     _expect(est <= MAX_PROCESSES, "instance_groups",
             f"this topology starts about {est} processes on this machine; a local launch allows "
             f"at most {MAX_PROCESSES} (each is a TensorFlow runtime)")
@@ -348,11 +349,14 @@ def _sdk_distribution(dist: dict, groups: set) -> dict:
     if "parameter_server" in dist:
         out["sagemaker_parameter_server_enabled"] = _enabled(dist, "parameter_server")
     if "mpi" in dist:
-        _expect(not _enabled(dist, "mpi"), "distribution.mpi",
-                "SageMaker's MPI runner (mpirun over ssh between the hosts) is not provided by "
-                "`ctrtrain launch` yet; for Horovod use ctrtrain's own mode: "
-                "`distribution: {mode: horovod}` without framework_version")
-        out["sagemaker_mpi_enabled"] = False
+        out["sagemaker_mpi_enabled"] = _enabled(dist, "mpi")
+        mpi = dist["mpi"]
+        if mpi.get("processes_per_host"):
+            out["sagemaker_mpi_num_of_processes_per_host"] = _int(
+                mpi, "processes_per_host", "distribution.mpi", 1)
+        options = mpi.get("custom_mpi_options", "")
+        _expect(isinstance(options, str), "distribution.mpi.custom_mpi_options", "a string")
+        out["sagemaker_mpi_custom_mpi_options"] = options
     if "multi_worker_mirrored_strategy" in dist:
         out["sagemaker_multi_worker_mirrored_strategy_enabled"] = _enabled(
             dist, "multi_worker_mirrored_strategy")

@@ -12,7 +12,9 @@ total = hvd.allreduce(tf.constant([float(hvd.rank())]), op=hvd.Sum)
 me = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
       "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
       "cross_size": hvd.cross_size(), "host": socket.gethostname(),
-      "sum": float(total.numpy()[0])}
+      "sum": float(total.numpy()[0]),
+      "env": {k: os.environ.get(k) for k in ("OMPI_COMM_WORLD_LOCAL_RANK", "SM_CURRENT_HOST",
+                                             "NCCL_DEBUG", "MY_FLAG", "SM_FRAMEWORK_PARAMS")}}
 everyone = hvd.allgather_object(me)
 if hvd.rank() == 0:
     with open(os.path.join(os.environ["SM_MODEL_DIR"], "ranks.json"), "w") as f:
