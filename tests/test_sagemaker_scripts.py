@@ -150,16 +150,21 @@ def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
         assert f"[{host}/train] done" in r.stdout
 
 
-def test_multi_worker_mirrored_keras2_fit_and_save_dir(tmp_path):
-    job = sm_job(tmp_path, "mwms_keras2", framework_version="2.15",
+@pytest.mark.parametrize("image,environment", [("2.15", {}),
+                                               ("2.21", {"TF_USE_LEGACY_KERAS": "1"})])
+def test_multi_worker_mirrored_keras2_fit_and_save_dir(tmp_path, image, environment):
+    """Keras 2 as the script expects: the 2.15 image's own, or tf-keras in the 2.21 image
+    with the estimator's environment={"TF_USE_LEGACY_KERAS": "1"}."""
+    job = sm_job(tmp_path, "mwms_keras2", framework_version=image, environment=environment,
                  hyperparameters={"epochs": 2, "batch-size": 16},
                  distribution={"multi_worker_mirrored_strategy": {"enabled": True}})
     run_cli("launch", job)
     run = tmp_path / "run"
     h = json.loads((run / "model" / "history.json").read_text())
-    assert h["tf"].startswith("2.15") and h["keras"].startswith("2.")
+    assert h["tf"].startswith(image) and ".engine.training" in h["keras_model_class"]  # Keras 2
     assert h["workers"] == ["algo-1:8890", "algo-2:8890"] and h["replicas"] == 2
     assert (run / "model" / "1" / "saved_model.pb").exists()
+    assert (run / "model" / "1" / "keras_metadata.pb").exists()   # Keras 2's SavedModel
     assert len(h["accuracy"]) == 2
 
 

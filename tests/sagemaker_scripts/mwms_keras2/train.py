@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -38,7 +37,7 @@ target = os.path.join(args.sm_model_dir, "1") if is_chief else f"/tmp/worker-{ta
 model.save(target)
 if is_chief:
     with open(os.path.join(args.sm_model_dir, "history.json"), "w") as f:
-        json.dump({"keras": keras.__version__, "tf": tf.__version__, "task": task,
+        json.dump({"keras_model_class": tf.keras.Model.__module__, "tf": tf.__version__, "task": task,
                    "workers": tf_config["cluster"]["worker"],
                    "replicas": strategy.num_replicas_in_sync,
                    "accuracy": history.history["accuracy"]}, f)
