@@ -22,7 +22,9 @@ EXAMPLES = ROOT / "examples"
 def spec_from_example(tmp_path, name, **over):
     """An example spec with its paths made absolute and the output in tmp_path."""
     raw = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
-    if "script" in raw["entry_point"]:
+    if "source_dir" in raw:
+        raw["source_dir"] = str(EXAMPLES / raw["source_dir"])
+    elif "script" in raw["entry_point"]:
         raw["entry_point"]["script"] = str(EXAMPLES / raw["entry_point"]["script"])
     for ch in (raw.get("channels") or {}).values():
         ch["path"] = str(EXAMPLES / ch["path"])
@@ -47,6 +49,14 @@ def alive(run_dir):
         except ProcessLookupError:
             pass
     return procs, out
+
+
+def test_sagemaker_estimator_example(tmp_path):
+    run_cli("launch", spec_from_example(tmp_path, "sagemaker-estimator"))
+    run = tmp_path / "run"
+    h = json.loads((run / "model" / "history.json").read_text())
+    assert h["workers"] == ["algo-1:8890", "algo-2:8890"] and h["replicas"] == 2
+    assert (run / "model" / "1" / "saved_model.pb").exists() and (run / "model.tar.gz").exists()
 
 
 def test_sagemaker_script_runs_unchanged_with_sharded_channel(tmp_path):
