@@ -10,7 +10,7 @@ python="${PYTHON:-python3}"
 wheels="$root/.cache/wheels"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 stamp="$venv/.ctrtrain-installed"
-want="$(cat "$root/requirements/horovod.txt" "$root/requirements/sagemaker-tensorflow.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$root/requirements/horovod.txt" "$root/requirements/sagemaker-tensorflow.txt" "$root/requirements/pipemode.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   for tool in g++ cmake; do
     command -v "$tool" >/dev/null || { echo "horovod_env: $tool is required to build Horovod" >&2; exit 1; }
@@ -27,6 +27,12 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   fi
   "$venv/bin/python" -m pip install --quiet "$wheels"/horovod-0.28.1-*.whl
   "$venv/bin/python" -m pip install --quiet --no-deps -r "$root/requirements/sagemaker-tensorflow.txt"
+  # SageMaker's PipeModeDataset: its wheels are tagged cp39/cp310 only, but hold pure Python
+  # and a TensorFlow op library (built for TF 2.14, loads in 2.15, not in 2.21) that does not
+  # depend on the Python version; pip installs the cp310 wheel's files into this venv.
+  "$venv/bin/python" -m pip install --quiet --no-deps --only-binary=:all: --python-version 3.10 \
+    --upgrade --target "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    -r "$root/requirements/pipemode.txt"
   "$venv/bin/python" -m pip install --quiet --no-deps -e "$root"
   echo "$want" > "$stamp"
 fi

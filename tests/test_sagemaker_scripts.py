@@ -192,6 +192,25 @@ def test_pipe_mode_channel_streams_each_epoch(tmp_path):
         "rows": 30, "total": 2 * sum(range(15))}
 
 
+def test_pipe_mode_dataset_in_the_2_15_image(tmp_path):
+    """SageMaker's own PipeModeDataset (sagemaker-tensorflow, the C++ op) reads the channel's
+    FIFOs in the 2.15 image, one per epoch."""
+    import tensorflow as tf
+    data = tmp_path / "data"
+    data.mkdir()
+    with tf.io.TFRecordWriter(str(data / "part-0.tfrecord")) as w:
+        for i in range(20):
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i, i])),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[i % 2]))}))
+                .SerializeToString())
+    job = sm_job(tmp_path, "pipe_mode_dataset", framework_version="2.15", instance_count=1,
+                 hyperparameters={"epochs": 2}, pipe_epochs=2,
+                 channels={"training": {"path": "data", "input_mode": "Pipe"}})
+    run_cli("launch", job)
+    assert json.loads((tmp_path / "run" / "model" / "pipe.json").read_text()) == {"rows": 40}
+
+
 def test_a_failing_script_writes_the_failure_file_and_fails_the_job(tmp_path):
     before = machine_opt_ml()
     job = sm_job(tmp_path, "failing")
