@@ -271,3 +271,23 @@ def test_mpi_distribution_two_hosts_two_processes(tmp_path):
         assert json.loads(x["env"]["SM_FRAMEWORK_PARAMS"]) == {
             "sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2,
             "sagemaker_mpi_custom_mpi_options": "-x MY_FLAG=on --NCCL_DEBUG WARN"}
+
+
+def test_mpi_applies_only_to_the_instance_groups_it_names(tmp_path):
+    """A heterogeneous job with `mpi` over dnn_group: its host runs the Horovod world; the
+    data_group host runs the script once, outside it."""
+    job = sm_job(tmp_path, "horovod_ranks", framework_version="2.15", instance_count=None,
+                 instance_type=None,
+                 instance_groups=[{"name": "data_group", "hosts": 1},
+                                  {"name": "dnn_group", "hosts": 1}],
+                 distribution={"mpi": {"enabled": True, "processes_per_host": 2},
+                               "instance_groups": ["dnn_group"]})
+    run_cli("launch", job)
+    run = tmp_path / "run"
+    ranks = json.loads((run / "model" / "ranks.json").read_text())   # dnn_group's host: algo-2
+    assert [(x["rank"], x["host"], x["local_rank"]) for x in ranks] == [
+        (0, "algo-2", 0), (1, "algo-2", 1)]
+    ran = json.loads((run / "hosts" / "algo-1" / "output" / "data" / "ran.json").read_text())
+    assert ran["host"] == "algo-1"
+    assert json.loads(ranks[0]["env"]["SM_FRAMEWORK_PARAMS"])[
+        "sagemaker_distribution_instance_groups"] == ["dnn_group"]

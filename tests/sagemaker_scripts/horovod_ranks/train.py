@@ -1,8 +1,15 @@
 """A Horovod script as SageMaker's Horovod examples are written: hvd.init(), one process per
-slot, the local rank choosing the device, an allreduce, rank 0 saving."""
+slot, the local rank choosing the device, an allreduce, rank 0 saving. In a heterogeneous job
+the hosts of a group outside the distribution run it once each, without Horovod."""
 import json
 import os
 import socket
+import sys
+
+if os.environ.get("SM_CURRENT_INSTANCE_GROUP") == "data_group":
+    with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "ran.json"), "w") as f:
+        json.dump({"host": socket.gethostname(), "argv": sys.argv[1:]}, f)
+    sys.exit(0)
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
