@@ -117,11 +117,13 @@ def write_config_files(base: Path, topo: Topology, host: str, channels: dict[str
 def container_env(base: Path, topo: Topology, host: str, channels: dict[str, dict],
                   hyperparameters: dict[str, str], job_name: str, num_cpus: int,
                   num_gpus: int = 0, framework_module: str | None = None,
-                  interface: str = "eth0") -> dict:
+                  interface: str = "eth0", training_env_keys: tuple[str, ...] | None = None) -> dict:
     """Every SM_* variable the SageMaker training toolkit gives the entry point on `host`
     (`Environment().to_env_vars()`, checked key by key against the real toolkit in
-    tests/test_contract.py), plus the platform's TRAINING_JOB_NAME, CURRENT_HOST and
-    SAGEMAKER_REGION. `hyperparameters` as written in hyperparameters.json."""
+    tests/test_launch.py), plus the platform's TRAINING_JOB_NAME, CURRENT_HOST and
+    SAGEMAKER_REGION. `hyperparameters` as written in hyperparameters.json. SM_TRAINING_ENV
+    holds the toolkit version's own keys when `training_env_keys` names them (the image's
+    toolkit, read by launch/images.py)."""
     rc = resource_config(topo, host, interface)
     user, framework, own = split_hyperparameters(decode_hyperparameters(hyperparameters))
     group = rc["current_group_name"]
@@ -168,6 +170,8 @@ def container_env(base: Path, topo: Topology, host: str, channels: dict[str, dic
         "network_interface_name": interface, "num_cpus": num_cpus, "num_gpus": num_gpus,
         "num_neurons": 0, "resource_config": rc, "topology": [], "user_entry_point": program,
         **paths}
+    if training_env_keys is not None:
+        training_env = {k: v for k, v in training_env.items() if k in training_env_keys}
     env["training_env"] = training_env
     for name, path in channel_dirs.items():
         env[f"channel_{name}"] = path

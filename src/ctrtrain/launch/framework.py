@@ -134,7 +134,8 @@ def start_mpi(spec, sup, image, mpi_hosts, boxes, hyperparameters, channel_modes
         env = platform_env(spec, image, host)
         env.update(container_env(Path("/opt/ml"), spec.topology, host, channel_modes,
                                  hyperparameters, spec.name, num_cpus=cores,
-                                 framework_module=TOOLKIT_MODULE))
+                                 framework_module=TOOLKIT_MODULE,
+                                 training_env_keys=image.training_env_keys))
         env.update(exports)
         env[heartbeat.ENV] = str(sup.heartbeat_path("horovodrun"))
         cmd = [image.python, spec.program, *json.loads(env["SM_USER_ARGS"])]

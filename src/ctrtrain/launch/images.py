@@ -31,10 +31,19 @@ def v(name):
         return m.version(name)
     except m.PackageNotFoundError:
         return None
+def training_env_keys():
+    # The keys of SM_TRAINING_ENV differ between toolkit versions (5.x added `topology`):
+    # the image's own toolkit says which it writes.
+    try:
+        from sagemaker_training.environment import Environment
+    except Exception:
+        return None
+    return sorted(n for n in dir(Environment) if isinstance(getattr(Environment, n), property))
 print(json.dumps({"prefix": sys.prefix, "python": "py%d%d" % sys.version_info[:2],
                   "tensorflow": v("tensorflow-cpu") or v("tensorflow"),
                   "toolkit": v("sagemaker-training"),
-                  "tf_toolkit": v("sagemaker-tensorflow-training"), "horovod": v("horovod")}))
+                  "tf_toolkit": v("sagemaker-tensorflow-training"), "horovod": v("horovod"),
+                  "training_env_keys": training_env_keys()}))
 """
 
 
@@ -46,6 +55,7 @@ class Image:
     tensorflow: str
     toolkit: str | None  # sagemaker-training's version
     horovod: str | None = None
+    training_env_keys: tuple[str, ...] | None = None  # SM_TRAINING_ENV's keys in its toolkit
 
     @property
     def framework_version(self) -> str:
@@ -77,7 +87,9 @@ def probe(python: str) -> Image | None:
         return None
     # The venv's own python path (not the interpreter it links to): its bin/ holds pip and
     # the console scripts the toolkit runs.
-    return Image(python, d["prefix"], d["python"], d["tensorflow"], d["toolkit"], d["horovod"])
+    keys = tuple(d["training_env_keys"]) if d["training_env_keys"] else None
+    return Image(python, d["prefix"], d["python"], d["tensorflow"], d["toolkit"], d["horovod"],
+                 keys)
 
 
 def find_image(framework_version: str, py_version: str | None = None) -> Image:

@@ -251,7 +251,8 @@ def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_mo
             env["PATH"] = f"{image.bin_dir}:{env.get('PATH', '')}"
         env.update(container_env(base, spec.topology, p.host, channel_modes, hyperparameters,
                                  spec.name, num_cpus=cores,
-                                 interface="eth0" if containers else "lo"))
+                                 interface="eth0" if containers else "lo",
+                                 training_env_keys=image.training_env_keys))
         env.update(spec.environment)
         env.update(process_env(p, procs, cores, spec.processing_mode, spec.topology.mode))
         target = spec.entry_point.target
