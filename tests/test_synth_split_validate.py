@@ -37,6 +37,23 @@ def test_synth_is_deterministic_and_reports_the_true_bayes_auc(tmp_path):
     assert 0.15 < a["splits"]["train"]["positive_rate"] < 0.35
 
 
+def test_synth_with_fewer_fields(tmp_path):
+    """A small all-categorical layout (9 fields, a few thousand ids), through the CLI."""
+    run_cli("data", "synth", "--out", tmp_path / "s", "--rows", "3000", "--feature-size", "7000",
+            "--numeric-fields", "0", "--categorical-fields", "9", "--processes", "1")
+    info = json.loads((tmp_path / "s" / "synth.json").read_text())
+    assert info["field_size"] == 9 and sum(info["cardinalities"]) == 7000
+    m = read_manifest(tmp_path / "s" / "train")
+    assert m.field_size == 9 and m.feature_size == 7000
+    rows = Rows.concat([parse_libsvm(open(p, "rb").read(), 9, feature_size=7000)[0]
+                        for p in m.paths(tmp_path / "s" / "train")], 9)
+    assert (rows.values == 1).all() and max(len(set(rows.ids[:, j])) for j in range(9)) > 100
+    assert 0.6 < info["splits"]["test"]["bayes_auc"] < 0.99
+    r = run_cli("data", "synth", "--out", tmp_path / "bad", "--rows", "100",
+                "--numeric-fields", "14", check=False)
+    assert r.returncode == 2 and "numeric_fields" in r.stderr
+
+
 def test_split_by_hash_and_order(tmp_path, shared):
     src = shared / "criteo_head1000" / "train.txt"
     s = split_text([str(src)], tmp_path / "h", by="hash", seed=1)

@@ -1,7 +1,7 @@
 """Criteo-like synthetic data with a known Bayes-optimal AUC.
 
 39 fields: 13 numeric (one id each, value log1p of a heavy-tailed count, 20% missing = 0) and
-26 categorical whose cardinalities are Criteo Kaggle's scaled to the requested feature_size,
+26 categorical (or fewer of each: numeric_fields, categorical_fields) whose cardinalities are Criteo Kaggle's scaled to the requested feature_size,
 ids Zipf-distributed within each field. Labels are drawn from a hidden FM + linear model; the
 true click probability of every row is known, so the AUC of those probabilities on the test
 split is the best any model can reach: the yardstick training is judged by. Signal fades with
@@ -50,14 +50,26 @@ class SynthConfig:
     valid_fraction: float = 0.1
     test_fraction: float = 0.1
     files_per_split: int = 2
+    numeric_fields: int = N_NUMERIC      # Criteo's 13; fewer (0) for other layouts
+    categorical_fields: int = len(CRITEO_CARDINALITIES)  # the first this many of Criteo's 26
+
+    @property
+    def field_size(self) -> int:
+        return self.numeric_fields + self.categorical_fields
 
     def cardinalities(self) -> list[int]:
-        budget = self.feature_size - N_NUMERIC
-        if budget < 2 * len(CRITEO_CARDINALITIES):
-            raise DataError(f"feature_size must be at least {N_NUMERIC + 52}", field="feature_size")
-        small = [c for c in CRITEO_CARDINALITIES if c <= 100]
-        scale = (budget - sum(small)) / sum(c for c in CRITEO_CARDINALITIES if c > 100)
-        cards = [c if c <= 100 else max(2, int(round(c * scale))) for c in CRITEO_CARDINALITIES]
+        if not 0 <= self.numeric_fields <= N_NUMERIC or not (
+                1 <= self.categorical_fields <= len(CRITEO_CARDINALITIES)):
+            raise DataError(f"numeric_fields must be 0..{N_NUMERIC} and categorical_fields "
+                            f"1..{len(CRITEO_CARDINALITIES)}", field="fields")
+        criteo = CRITEO_CARDINALITIES[:self.categorical_fields]
+        budget = self.feature_size - self.numeric_fields
+        if budget < 2 * len(criteo):
+            raise DataError(f"feature_size must be at least {self.numeric_fields + 2 * len(criteo)}",
+                            field="feature_size")
+        small = [c for c in criteo if c <= 100]
+        scale = (budget - sum(small)) / max(sum(c for c in criteo if c > 100), 1)
+        cards = [c if c <= 100 else max(2, int(round(c * scale))) for c in criteo]
         cards[int(np.argmax(cards))] += budget - sum(cards)  # exact total
         return cards
 
@@ -75,9 +87,10 @@ class HiddenModel:
     def __init__(self, cfg: SynthConfig):
         self.cfg = cfg
         self.cards = cfg.cardinalities()
-        self.bases = np.cumsum([N_NUMERIC] + self.cards[:-1])
+        numeric = cfg.numeric_fields
+        self.bases = np.cumsum([numeric] + self.cards[:-1])
         rng = np.random.default_rng([cfg.seed, 0])
-        rank = np.concatenate([np.zeros(N_NUMERIC)] + [np.arange(c) for c in self.cards])
+        rank = np.concatenate([np.zeros(numeric)] + [np.arange(c) for c in self.cards])
         scale = (1.0 + rank) ** -cfg.rarity_decay
         self.w = rng.normal(0, 1, cfg.feature_size) * scale
         self.v = rng.normal(0, 1, (cfg.feature_size, cfg.hidden_dim)) * scale[:, None]
@@ -101,16 +114,17 @@ class HiddenModel:
         self.bias = (lo + hi) / 2
 
     def sample_features(self, rng, n: int):
-        f = N_NUMERIC + len(self.cards)
+        numeric = self.cfg.numeric_fields
+        f = numeric + len(self.cards)
         ids = np.empty((n, f), np.int64)
         values = np.ones((n, f), np.float32)
-        ids[:, :N_NUMERIC] = np.arange(N_NUMERIC)
-        counts = np.floor(rng.lognormal(1.5, 1.5, (n, N_NUMERIC)))
-        present = rng.random((n, N_NUMERIC)) >= 0.2
-        values[:, :N_NUMERIC] = np.where(present, np.round(np.log1p(counts), 4), 0.0)
+        ids[:, :numeric] = np.arange(numeric)
+        counts = np.floor(rng.lognormal(1.5, 1.5, (n, numeric)))
+        present = rng.random((n, numeric)) >= 0.2
+        values[:, :numeric] = np.where(present, np.round(np.log1p(counts), 4), 0.0)
         for j, (cdf, base) in enumerate(zip(self.cdfs, self.bases)):
             r = np.minimum(np.searchsorted(cdf, rng.random(n)), len(cdf) - 1)
-            ids[:, N_NUMERIC + j] = base + r
+            ids[:, numeric + j] = base + r
         return ids, values
 
     def _parts(self, ids, values):
@@ -178,7 +192,7 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    summary = {"config": dataclasses.asdict(cfg), "field_size": N_NUMERIC + len(model.cards),
+    summary = {"config": dataclasses.asdict(cfg), "field_size": cfg.field_size,
                "feature_size": cfg.feature_size, "cardinalities": model.cards, "splits": {}}
     for split in SPLITS:
         mine = [r for r, o in zip(results, owners) if o == split]
