@@ -9,6 +9,7 @@ spent waiting for input (input-bound %) reported separately from compute.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import statistics
@@ -26,7 +27,7 @@ from .runner import run_json
 # updates). The figure is measured on the data and reported beside the speed.
 REFERENCE = {"rows": 1_000_000, "feature_size": 1_000_000, "zipf": 0.7, "embedding_size": 16,
              "deep_layers": [256, 128, 64], "dropout": 0.5, "batch_size": 1024,
-             "optimizer": "adam"}
+             "optimizer": "adam", "l2_reg": 1e-4}
 
 
 def prepare_reference_data(work: Path, rows: int, feature_size: int,
@@ -66,16 +67,24 @@ def _run_worker(kind: str, params: dict) -> dict:
                      json.dumps(params)], "benchmark worker")[-1]
 
 
+# Run parameters _train_worker maps onto TrainConfig itself.
+_MAPPED = {"embedding_size", "deep_layers", "batch_size", "optimizer", "dropout", "table_updates",
+           "feature_size", "cache", "xla", "mixed_precision", "threads"}
+
+
 def _train_worker(p: dict) -> dict:
     from ..train import train
     from ..train.config import TrainConfig
     from ..train.threads import ThreadConfig
+    # Other training settings a variant names (l2_reg, catchup_replay_steps, ...) as they are.
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"train_dir", "model_dir", "steps"}
+    other = {k: v for k, v in p.items() if k in fields and k not in _MAPPED}
     with tempfile.TemporaryDirectory() as md:
-        cfg = TrainConfig(
+        cfg = TrainConfig(**other,
             train_dir=p["data"], model_dir=md, embedding_size=p["embedding_size"],
             deep_layers=tuple(p["deep_layers"]), batch_size=p["batch_size"],
             optimizer=p["optimizer"], steps=p["warmup"] + p["steps"], log_every=p["window"],
-            dropout=p.get("dropout", 0.0), table_updates=p.get("table_updates", "catchup"),
+            dropout=p.get("dropout", 0.0), table_updates=p.get("table_updates", "auto"),
             feature_size=p.get("model_feature_size"),
             checkpoint_every=0, export=False, progress=False, quiet=True, cache=p.get("cache", False),
             xla=p.get("xla", False), mixed_precision=p.get("mixed_precision", False),
@@ -189,7 +198,7 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     if estimator_python:
         from ..data.index import resolve_source
         m, _ = resolve_source(str(data))
-        params = {**base, "feature_size": feature_size, "l2": 1e-4, "learning_rate": 1e-3,
+        params = {**base, "feature_size": feature_size, "l2": base["l2_reg"], "learning_rate": 1e-3,
                   "compression": m.compression, "steps": min(steps, 100), "warmup": 10}
         runs = [_estimator_run(estimator_python, params) for _ in range(repeats)]
         est = statistics.median(r["examples_per_s"] for r in runs)
