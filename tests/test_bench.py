@@ -138,12 +138,18 @@ def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
     if peer is None and os.environ.get("CTRTRAIN_REQUIRE_DEEPCTR"):
         pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")
     args = ["bench", "quality", "--data", f"small={tmp_path / 'd'}", "--epochs", "2",
-            "--variants", "catchup,dense", "--batch-size", "256", "--work-dir", tmp_path / "w",
+            "--variants", "auto,catchup,dense", "--batch-size", "256", "--work-dir", tmp_path / "w",
             "--json", tmp_path / "q.json"]
     r = run_cli(*args, *(["--deepctr-python", peer] if peer else []), timeout=1200)
     report = json.loads((tmp_path / "q.json").read_text())
     runs = report["sets"]["small"]["runs"]
-    assert set(runs) == {"ctrtrain catchup", "ctrtrain dense"} | ({"deepctr"} if peer else set())
+    assert set(runs) == ({"ctrtrain auto", "ctrtrain catchup", "ctrtrain dense"}
+                         | ({"deepctr"} if peer else set()))
+    # The default on a 4,000-row table is the dense update itself: the same run.
+    assert runs["ctrtrain auto"][-1]["table_updates"] == "dense"
+    assert runs["ctrtrain catchup"][-1]["table_updates"] == "catchup"
+    for a, b in zip(runs["ctrtrain auto"], runs["ctrtrain dense"]):
+        assert a["test"] == pytest.approx(b["test"], abs=1e-6), (a, b)
     for name, epochs in runs.items():
         assert [e["epoch"] for e in epochs] == [1, 2], name
         for e in epochs:

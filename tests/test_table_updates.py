@@ -135,3 +135,18 @@ def test_rare_positive_data_starts_calibrated(tmp_path):
     rate = json.loads((tmp_path / "d" / "synth.json").read_text())["splits"]["train"]["positive_rate"]
     assert means["prior"] < 2 * rate, (means, rate)
     assert means["zero"] > 4 * rate, (means, rate)
+
+
+def test_auto_is_dense_on_small_tables_and_catchup_on_large_or_under_parameter_servers():
+    from ctrtrain.train.config import AUTO_DENSE_ROWS, TrainConfig, resolve_table_updates
+
+    def resolved(rows, **kw):
+        cfg = TrainConfig(train_dir="x", model_dir="y", **kw)
+        assert cfg.table_updates == "auto"          # the default
+        return resolve_table_updates(cfg, rows)
+    assert resolved(AUTO_DENSE_ROWS) == "dense"
+    assert resolved(AUTO_DENSE_ROWS + 1) == "catchup"
+    assert resolved(1000, mode="allreduce") == "dense"
+    assert resolved(1000, mode="parameter_server") == "catchup"
+    cfg = TrainConfig(train_dir="x", model_dir="y", table_updates="lazy")
+    assert resolve_table_updates(cfg, 10) == "lazy"      # a choice is kept

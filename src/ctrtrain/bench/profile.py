@@ -13,7 +13,7 @@ import time
 
 
 def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precision: bool = False,
-                 top: int = 25, table_updates: str = "catchup") -> dict:
+                 top: int = 25, table_updates: str = "auto") -> dict:
     """The step `ctrtrain train` runs with its defaults on `data_dir` (with the reference
     configuration's dropout, as `bench train` measures it)."""
     from ..train.threads import ThreadConfig, apply_threads
@@ -24,7 +24,7 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
     except ImportError as e:  # an internal module; present in TF 2.21
         raise RuntimeError(f"this TensorFlow build has no profiler protos ({e})") from e
     from ..input.pipeline import PipelineConfig, dataset_from_dir
-    from ..train.config import TrainConfig, model_config, optimizer_params
+    from ..train.config import TrainConfig, model_config, optimizer_params, resolve_table_updates
     from ..train.inputs import positive_rate
     from ..train.step import build_training
     from .train_bench import REFERENCE
@@ -33,6 +33,7 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
     batches = [b for _, b in zip(range(warmup + steps), ds)]
     cfg = TrainConfig(train_dir=data_dir, model_dir="unused", dropout=REFERENCE["dropout"],
                       mixed_precision=mixed_precision, table_updates=table_updates)
+    resolve_table_updates(cfg, m.feature_size)
     _, _, step, _ = build_training(
         model_config(cfg, m.feature_size, m.field_size, positive_rate(m)), cfg.optimizer,
         cfg.learning_rate, optimizer_params=optimizer_params(cfg))

@@ -6,7 +6,8 @@ sample, DeepCTR) still moves every row at every step: the moments of an untouche
 the row keeps drifting along them, and the table's L2 pulls it towards 0. Three ways to update
 a table (`table_updates`):
 
-- `catchup` (default): a row not in the batch is left alone, and when it is next read (the
+- `catchup` (what the default `auto` takes above 100,000 rows: train/config.py): a row
+  not in the batch is left alone, and when it is next read (the
   forward pass reads a batch's rows through `row_correction`, so each gradient is taken where
   dense training would take it), updated, or the table is read whole (evaluation, the final
   checkpoint, export: `settle`), it is first brought to where the dense update would have

@@ -27,6 +27,10 @@ from .threads import ThreadConfig
 SECTIONS = ("data", "model", "optimizer", "schedule", "distribution", "output")
 OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "momentum")
 TABLE_UPDATES = ("catchup", "lazy", "dense")   # models/optimizers.py: what each means
+# table_updates auto: dense (exact, every row every step) for a table of at most this many
+# rows, catchup above. Measured (docs/benchmarks.md, "dense or catchup"): below it a dense
+# step costs no more than catching the batch's rows up, and it is the reference's own result.
+AUTO_DENSE_ROWS = 100_000
 MODES = tuple(m.value for m in Mode)
 # The public SageMaker DeepFM sample's hyperparameter names for the same settings.
 ALIASES = {"num_epochs": "epochs", "log_steps": "log_every"}
@@ -176,10 +180,12 @@ class TrainConfig:
     ftrl_l2: float = setting(0.0, "optimizer", "FTRL's L2", number(float, 0))
     momentum: float = setting(0.9, "optimizer", "momentum (optimizer momentum)", number(float, 0))
     table_updates: str = setting(
-        "catchup", "optimizer", "how the embedding table is updated: catchup (as the dense "
+        "auto", "optimizer", "how the embedding table is updated: catchup (as the dense "
         "optimizer does, at the cost of the rows a batch touches) | lazy (untouched rows "
-        "neither move nor decay) | dense (every row every step: the reference, O(table))",
-        _choice(*TABLE_UPDATES))
+        "neither move nor decay) | dense (every row every step: the reference, O(table)) | "
+        f"auto (dense for a table of at most {AUTO_DENSE_ROWS:,} rows outside parameter-server "
+        "mode, catchup otherwise)",
+        _choice("auto", *TABLE_UPDATES))
     # schedule
     batch_size: int = setting(1024, "schedule", "examples per step and replica", number(int, 1))
     epochs: float = setting(1.0, "schedule", "passes over the training data",
@@ -356,6 +362,18 @@ def check_config(cfg: TrainConfig):
                 raise ConfigError(f"{name}: a Pipe stream has no known epoch length; give steps")
 
 
+def resolve_table_updates(cfg: TrainConfig, feature_size: int) -> str:
+    """`auto` made concrete from the table's size (the same on every rank: it depends only
+    on the configuration and the data's manifest). Trainers call it once, before the model
+    directory records the run's settings."""
+    if cfg.table_updates == "auto":
+        # Under parameter servers a dense update would ship the whole table's gradient to
+        # the servers every step: there the update stays sparse.
+        small = feature_size <= AUTO_DENSE_ROWS and cfg.mode != Mode.PARAMETER_SERVER
+        cfg.table_updates = "dense" if small else "catchup"
+    return cfg.table_updates
+
+
 def optimizer_params(cfg: TrainConfig) -> dict:
     """The chosen optimizer's own settings, and how it updates the table."""
     own = {"adam": {"beta1": cfg.adam_beta1, "beta2": cfg.adam_beta2, "epsilon": cfg.adam_epsilon},
@@ -364,6 +382,8 @@ def optimizer_params(cfg: TrainConfig) -> dict:
                     "initial_accumulator": cfg.adagrad_initial_accumulator},
            "momentum": {"momentum": cfg.momentum}, "sgd": {}}[cfg.optimizer]
     l2e = cfg.l2_reg if cfg.l2_embedding is None else cfg.l2_embedding
+    if cfg.table_updates not in TABLE_UPDATES:
+        raise ValueError(f"table_updates {cfg.table_updates!r}: resolve_table_updates first")
     return {**own, "table_updates": cfg.table_updates, "table_l2": l2e}
 
 

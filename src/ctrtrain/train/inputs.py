@@ -8,13 +8,14 @@ import math
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
-from .config import TrainConfig
+from .config import TrainConfig, resolve_table_updates
 from .threads import data_options
 
 
 def check_data(cfg: TrainConfig):
     """(train manifest, table rows): the training data's, checked against the other splits.
-    A Pipe channel's manifest is made from the config (no files, records unknown)."""
+    A Pipe channel's manifest is made from the config (no files, records unknown). Once the
+    table's size is known, table_updates `auto` becomes what it chooses for it."""
     from ..data.index import resolve_source
     from ..data.manifest import Manifest
     if cfg.input_mode == "Pipe":    # field_size and feature_size given (check_config)
@@ -39,6 +40,7 @@ def check_data(cfg: TrainConfig):
                                 "every split with `--like <train dir>`, or give --feature-size)",
                                 path=str(other))
             check_checksums(o, root)
+    resolve_table_updates(cfg, feature_size)
     return m, feature_size
 
 
