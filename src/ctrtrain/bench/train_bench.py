@@ -76,7 +76,7 @@ def _train_worker(p: dict) -> dict:
     from ..train import train
     from ..train.config import TrainConfig
     from ..train.threads import ThreadConfig
-    # Other training settings a variant names (l2_reg, catchup_replay_steps, ...) as they are.
+    # Other training settings a variant names (l2_reg, adam_epsilon, ...) as they are.
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"train_dir", "model_dir", "steps"}
     other = {k: v for k, v in p.items() if k in fields and k not in _MAPPED}
     with tempfile.TemporaryDirectory() as md:
