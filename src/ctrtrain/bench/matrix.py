@@ -53,10 +53,11 @@ DEFAULTS = {"mode": "single", "data_service": False, "hosts": 1, "processes_per_
             "inter_op_threads": 0, "data_threads": 0, "format": "tfrecord", "parse": "vectorized",
             "input_mode": "File", "distribution": "FullyReplicated", "cache": False,
             "mixed_precision": False, "xla": False,
-            "learning_rate": 0.001, "optimizer": "adam", "sparse_reduce": "gather"}
+            "learning_rate": 0.001, "optimizer": "adam", "sparse_reduce": "gather",
+            "table_updates": "auto"}
 HYPERPARAMETERS = ("batch_size", "intra_op_threads", "inter_op_threads", "data_threads", "parse",
                    "cache", "mixed_precision", "xla", "learning_rate", "optimizer", "devices",
-                   "sparse_reduce")
+                   "sparse_reduce", "table_updates")
 
 
 def mode_cells(specs: list[str]) -> list[dict]:
@@ -217,17 +218,20 @@ def run_matrix(matrix: dict, work_dir: str, out_dir: str | None = None, progress
     results = []
     with bar(total=len(cells) * repeats, desc="bench matrix", unit="run",
              disable=None if progress else True) as pb:
-        for cell in cells:
-            runs = []
-            for _ in range(repeats):
-                runs.append(run_cell(cell, data, budget, work))
+        # Repeats go round the cells, so a drift of the machine's speed (these machines move
+        # by several percent within minutes) falls on every cell alike.
+        runs: list[list[dict]] = [[] for _ in cells]
+        for _ in range(repeats):
+            for i, cell in enumerate(cells):
+                runs[i].append(run_cell(cell, data, budget, work))
                 pb.update(1)
-            ok = [r for r in runs if "error" not in r]
+        for cell, cell_runs in zip(cells, runs):
+            ok = [r for r in cell_runs if "error" not in r]
             if ok:
                 best = sorted(ok, key=lambda r: r["examples_per_s"])[len(ok) // 2]  # the median run
                 res = {**best, "runs": [r["examples_per_s"] for r in ok]}
             else:
-                res = {"error": runs[0]["error"]}
+                res = {"error": cell_runs[0]["error"]}
             results.append({"cell": cell, **res})
             shown = f"{res['examples_per_s']:,.0f} ex/s" if "examples_per_s" in res else \
                 f"failed: {res['error']}"

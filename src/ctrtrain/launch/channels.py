@@ -10,6 +10,7 @@ host's share."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
 import threading
@@ -105,6 +106,7 @@ def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:
 
 
 CHECK_READERS_S = 1.0
+OPEN_POLL_S = 0.005
 
 
 def _looks_like_text(path: str) -> bool:
@@ -170,15 +172,20 @@ class PipeFeeder(threading.Thread):
                     return
                 try:
                     os.set_blocking(fd, True)
-                    time.sleep(0.05)
+                    _widen(fd)
                     self._check_single_reader(path)
                     checked = time.monotonic()
                     for f in self.files:
                         with open(f, "rb") as src:
-                            while block := src.read(self.chunk):
+                            offset, size = 0, os.fstat(src.fileno()).st_size
+                            while offset < size:
                                 if self.stop.is_set():
                                     return
-                                os.write(fd, block)
+                                # In the kernel, file to FIFO: no copy through this process.
+                                sent = os.sendfile(fd, src.fileno(), offset, self.chunk)
+                                if sent == 0:
+                                    raise OSError(f"{f} shrank while it was streamed")
+                                offset += sent
                                 # Scanning every job process's fds costs CPU the job shares:
                                 # once a second is enough to catch a second reader.
                                 if time.monotonic() - checked > CHECK_READERS_S:
@@ -207,7 +214,9 @@ class PipeFeeder(threading.Thread):
             except OSError as e:
                 if e.errno != errno.ENXIO:  # ENXIO: no reader yet
                     raise
-                time.sleep(0.05)
+                # A reader at an epoch boundary waits for this open, and with it the model:
+                # polled often (a failed open costs microseconds).
+                time.sleep(OPEN_POLL_S)
         return None
 
     def _check_single_reader(self, path: Path):
@@ -215,6 +224,18 @@ class PipeFeeder(threading.Thread):
         if len(readers) > 1:
             raise ConfigError(f"{len(readers)} processes (pids {readers}) opened the FIFO {path}; "
                               "a Pipe channel has one reader: give each process its own channel")
+
+
+def _widen(fd: int) -> None:
+    """A FIFO holds 64 KB by default: the reader, taking 1 MB a read, would wake the feeder
+    16 times per read. Widened to the largest size the system allows an unprivileged process
+    (/proc/sys/fs/pipe-max-size, 1 MB by default); left as it is where that is refused."""
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            size = int(f.read())
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except OSError:
+        pass
 
 
 def _has_open(pid: int, path: Path) -> bool:
