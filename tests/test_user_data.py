@@ -5,6 +5,7 @@ hyperparameters as written, schedules in epochs, a configuration file, predictio
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,11 +19,8 @@ from test_bad_input import cli, refused
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from trainutil import make_synth
-    root = tmp_path_factory.mktemp("user-data")
-    make_synth(root, rows=8000, feature_size=2000, seed=6)
-    return root
+def data(synth_data):
+    return synth_data(rows=8000, feature_size=2000, seed=6)[0]
 
 
 @pytest.fixture(scope="module")
@@ -167,15 +165,28 @@ def test_schedules_in_epochs_config_files_and_test_predictions(tmp_path, data):
     assert result(tmp_path / "m3")["step"] == 7
 
 
-def test_bench_train_measures_the_users_data(tmp_path, loose):
+@pytest.mark.tf215
+def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_path, loose):
+    """With --estimator-python, the SageMaker sample's TF1 Estimator (estimator_runner.py, in
+    .venv-hvd: tf.estimator is gone from TF 2.16 on) is measured on the same data."""
+    from test_distributed import HVD_PYTHON
+    if not HVD_PYTHON.exists():
+        if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
+            pytest.fail(f"{HVD_PYTHON} is missing (bash scripts/horovod_env.sh)")
+        pytest.skip("needs .venv-hvd (TF 2.15, tf.estimator)")
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, "-m", "ctrtrain.cli", "bench", "train", "--data",
                         str(loose / "tr-*.tfrecords"), "--steps", "20", "--warmup", "5",
-                        "--repeats", "1", "--work-dir", str(tmp_path / "w"), "--json", str(out)],
+                        "--repeats", "1", "--work-dir", str(tmp_path / "w"), "--json", str(out),
+                        "--estimator-python", str(HVD_PYTHON)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     b = json.loads(out.read_text())
-    assert "tr-*.tfrecords" in b["data"] and b["variants"]["reference"]["examples_per_s"] > 0
+    ref = b["variants"]["reference"]
+    assert "tr-*.tfrecords" in b["data"] and ref["examples_per_s"] > 0
+    est = b["estimator_sample"]
+    assert est["tensorflow"].startswith("2.15") and est["examples_per_s"] > 0
+    assert ref["ratio_to_estimator_sample"] == pytest.approx(ref["examples_per_s"] / est["examples_per_s"])
 
 
 def test_parameter_servers_honour_early_stopping_and_report_input_time(tmp_path, data):

@@ -14,7 +14,6 @@ reads the benchmark's TFRecords (the sample's schema: label, ids, values).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import sys
@@ -30,7 +29,7 @@ def main(p: dict) -> None:
     F, k = p["field_size"], p["embedding_size"]
 
     def input_fn():
-        files = sorted(glob.glob(os.path.join(p["data"], "*.tfrecord*")))
+        files = p["files"]
         spec = {"label": tf.io.FixedLenFeature([1], tf.float32),
                 "ids": tf.io.FixedLenFeature([F], tf.int64),
                 "values": tf.io.FixedLenFeature([F], tf.float32)}
@@ -81,6 +80,9 @@ def main(p: dict) -> None:
         clock = Clock()
         est.train(input_fn, steps=p["warmup"] + p["steps"], hooks=[clock])
     measured = clock.times[p["warmup"]:]
+    if len(measured) < 2:
+        sys.exit(f"estimator reference: {len(clock.times)} steps ran of the "
+                 f"{p['warmup'] + p['steps']} asked (no data in {len(p['files'])} files?)")
     secs = measured[-1] - measured[0]
     steps = len(measured) - 1
     print(json.dumps({"examples_per_s": steps * p["batch_size"] / secs,

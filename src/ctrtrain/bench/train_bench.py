@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import resource
 import statistics
 import sys
@@ -197,8 +198,10 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
               flush=True)
     if estimator_python:
         from ..data.index import resolve_source
-        m, _ = resolve_source(str(data))
+        m, base_dir = resolve_source(str(data))
+        # The files themselves: `data` may be a glob or files without a manifest.
         params = {**base, "feature_size": feature_size, "l2": base["l2_reg"], "learning_rate": 1e-3,
+                  "files": [os.path.join(base_dir, f.path) for f in m.files],
                   "compression": m.compression, "steps": min(steps, 100), "warmup": 10}
         runs = [_estimator_run(estimator_python, params) for _ in range(repeats)]
         est = statistics.median(r["examples_per_s"] for r in runs)
