@@ -11,6 +11,10 @@ def train(cfg) -> dict:
     from .threads import apply_threads
     check_config(cfg)
     threads = apply_threads(cfg.threads)
+    # TensorFlow's import (by apply_threads) took seconds, more on a loaded host: alive again
+    # before the data and the model are built (the launcher's watchdog reads this).
+    from .. import heartbeat
+    heartbeat.beat(force=True)
     from ..mode import Mode
     if Mode.parse(cfg.mode).asynchronous:
         from .ps import train_parameter_server
