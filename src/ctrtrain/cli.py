@@ -390,6 +390,8 @@ def _train_commands(sub):
         kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f"{f.metadata['help']} "
                   f"(default: {shown})".replace("%", "%%"))
         flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
+        if f.name in FLAG_NAMES:    # data: several paths too, as a shell expands a glob
+            kw["nargs"] = "+"
         if isinstance(default, bool):
             groups[f.metadata["section"]].add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:

@@ -106,24 +106,54 @@ def expand(spec: str) -> list[str]:
     return list_inputs([spec])
 
 
-def resolve_source(spec: str, *, feature_size: int | None = None,
+def source_paths(spec) -> list[str]:
+    """A data source as its paths: one (a directory, a file or a glob) or several, as a shell
+    expands an unquoted glob (`--train data/*.tfrecord`) or a config file lists them."""
+    if isinstance(spec, (str, os.PathLike)):
+        return [str(spec)]
+    return [str(s) for s in spec]
+
+
+def describe_source(spec) -> str:
+    """A source for messages: its paths, space-separated as they were typed."""
+    return " ".join(source_paths(spec))
+
+
+def resolve_source(spec, *, feature_size: int | None = None,
                    label_format: str = "01") -> tuple[Manifest, str]:
-    """(manifest, directory its paths are relative to) of a data directory, files or glob. A
-    directory with a manifest is read as it is; anything else is indexed now (print a hint:
-    `ctrtrain data index` does it once)."""
-    spec = str(spec)
-    if os.path.isdir(spec) and os.path.exists(os.path.join(spec, MANIFEST_NAME)):
-        return read_manifest(spec), spec
-    files = [os.path.abspath(f) for f in expand(spec)]
+    """(manifest, directory its paths are relative to) of a data directory, files or globs
+    (one path, or several: source_paths). A directory with a manifest is read as it is;
+    anything else is indexed now (print a hint: `ctrtrain data index` does it once)."""
+    specs = source_paths(spec)
+    if not specs:
+        raise DataError("no data path given")
+    for s in specs:
+        if os.path.isdir(s) and os.path.exists(os.path.join(s, MANIFEST_NAME)):
+            if len(specs) == 1:
+                return read_manifest(s), s
+            raise DataError("a data directory with a manifest is read alone: give it as the "
+                            "only path, or give its files", path=s)
+    files = [os.path.abspath(f) for s in specs for f in expand(s)]
+    seen: set[str] = set()
+    for f in files:
+        if f in seen:    # its rows would be read twice an epoch
+            raise DataError("the file is given twice (overlapping paths or globs)", path=f)
+        seen.add(f)
     key = (tuple(files), tuple(os.path.getmtime(f) for f in files), feature_size, label_format)
     if key not in _INDEXED:
-        print(f"indexing {len(files)} file(s) of {spec} (no manifest; `ctrtrain data index` "
-              "writes one once)", flush=True)
+        print(f"indexing {len(files)} file(s) of {describe_source(spec)} (no manifest; "
+              "`ctrtrain data index` writes one once)", flush=True)
         _INDEXED[key] = index_files(files, feature_size=feature_size, label_format=label_format)
     return _INDEXED[key], "/"
 
 
 _INDEXED: dict = {}   # this process's indexes (evaluation reads a split many times)
+
+
+def source_files(spec) -> list[str]:
+    """The data files of a source (resolve_source), as paths to open."""
+    m, root = resolve_source(spec)
+    return m.paths(root)
 
 
 def write_index(spec: str, *, feature_size: int | None = None, label_format: str = "01",

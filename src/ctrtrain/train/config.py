@@ -116,6 +116,15 @@ def _path(v):
     return str(v)
 
 
+def _source(v):
+    """A data source: one path, or several (a list in a config file; the flag's values when a
+    shell expands `--train data/*.tfrecord`)."""
+    if isinstance(v, (list, tuple)):
+        paths = [p for p in map(_path, v) if p]
+        return paths[0] if len(paths) == 1 else (paths or None)
+    return _path(v)
+
+
 def setting(default, section: str, help: str, parse=None, *, cli: bool = True):
     """A field of the table. parse=None: the runtime sets it (not a flag or hyperparameter)."""
     return dataclasses.field(default=default, metadata={
@@ -125,11 +134,14 @@ def setting(default, section: str, help: str, parse=None, *, cli: bool = True):
 @dataclasses.dataclass
 class TrainConfig:
     # data
-    train_dir: str = setting("", "data", "training data: a data directory, TFRecord/libsvm "
-                             "files or a glob (File); a Pipe channel's FIFO prefix (Pipe)", _path)
+    # A data source is one path or several (data/index.py: source_paths).
+    train_dir: str | list[str] = setting(
+        "", "data", "training data: a data directory, TFRecord/libsvm files or globs (File); "
+        "a Pipe channel's FIFO prefix (Pipe)", _source)
     model_dir: str = setting("", "output", "checkpoints, logs, metrics and export", _path)
-    valid_dir: str | None = setting(None, "data", "validation data (as --train)", _path)
-    test_dir: str | None = setting(None, "data", "test data (as --train)", _path)
+    valid_dir: str | list[str] | None = setting(None, "data", "validation data (as --train)",
+                                                _source)
+    test_dir: str | list[str] | None = setting(None, "data", "test data (as --train)", _source)
     feature_size: int | None = setting(
         None, "data", "embedding table rows (default: the data's; larger leaves room for new "
         "ids)", number(int, 1, optional=True))
@@ -343,7 +355,12 @@ def check_config(cfg: TrainConfig):
                           "layers (give one, or one per layer)")
     if cfg.input_mode not in ("File", "Pipe"):
         raise ConfigError(f"input_mode must be File or Pipe, not {cfg.input_mode!r}")
+    for name in ("train_dir", "valid_dir", "test_dir"):
+        if isinstance(getattr(cfg, name), (list, tuple)):   # one path in a list: that path
+            setattr(cfg, name, _source(getattr(cfg, name)))
     if cfg.input_mode == "Pipe":
+        if not isinstance(cfg.train_dir, str):
+            raise ConfigError(f"Pipe channel: one FIFO prefix, not {len(cfg.train_dir)} paths")
         if not (cfg.field_size and cfg.feature_size):
             raise ConfigError(f"Pipe channel {cfg.train_dir}: a stream carries no manifest; "
                               "give field_size and feature_size")

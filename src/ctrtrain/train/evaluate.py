@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import heartbeat
+from ..data.index import source_files
 from ..metrics import logloss, roc_auc
 
 
@@ -50,7 +51,7 @@ def evaluate_split(split_dir, name: str, predict, log, step: int, feature_size: 
     try:
         y, p = predict_probs(predict, ds)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-        raise explain_error(e, m.paths(split_dir), fmt=m.format, field_size=m.field_size,
+        raise explain_error(e, source_files(split_dir), fmt=m.format, field_size=m.field_size,
                             feature_size=feature_size or m.feature_size,
                             compression=m.compression, label_format=m.label_format,
                             what=f"{name} split") from None

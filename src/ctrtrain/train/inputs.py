@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..data.index import describe_source, source_files
 from ..errors import ConfigError, DataError
 from .config import TrainConfig, resolve_table_updates
 from .threads import data_options
@@ -22,8 +23,7 @@ def check_data(cfg: TrainConfig):
         m = Manifest(cfg.data_format, cfg.field_size, cfg.feature_size, [],
                      label_format=cfg.label_format)
     else:
-        # A directory, files or a glob; without a manifest, indexed now. Paths of an indexed
-        # set are absolute, so m.paths(cfg.train_dir) serves both.
+        # A directory, files or globs; without a manifest, indexed now.
         m, _ = resolve_source(cfg.train_dir)
     feature_size = cfg.feature_size or m.feature_size
     if feature_size < m.feature_size:
@@ -33,12 +33,12 @@ def check_data(cfg: TrainConfig):
             o, root = resolve_source(other)
             if o.field_size != m.field_size:
                 raise DataError(f"field_size {o.field_size} does not match the training data's "
-                                f"{m.field_size}", path=str(other))
+                                f"{m.field_size}", path=describe_source(other))
             if o.feature_size > feature_size:
                 raise DataError(f"ids up to {o.feature_size - 1} do not fit the model's table of "
                                 f"{feature_size} rows (the training data's feature_size; convert "
                                 "every split with `--like <train dir>`, or give --feature-size)",
-                                path=str(other))
+                                path=describe_source(other))
             check_checksums(o, root)
     resolve_table_updates(cfg, feature_size)
     return m, feature_size
@@ -84,7 +84,7 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
                                record_shard=plan.record_shard if plan else None,
                                skip_batches=skip_batches)
     else:
-        ds = make_dataset(m.paths(cfg.train_dir), m.field_size, fmt=m.format,
+        ds = make_dataset(source_files(cfg.train_dir), m.field_size, fmt=m.format,
                           compression=m.compression, cfg=pcfg,
                           file_shard=plan.file_shard if plan else None,
                           record_shard=plan.record_shard if plan else None,
@@ -110,7 +110,7 @@ def train_read_error(e, cfg: TrainConfig, m, feature_size: int):
         from ..errors import DataError
         return DataError(f"reading the stream failed: {str(e).strip().splitlines()[0]}",
                          path=cfg.train_dir)
-    return explain_error(e, m.paths(cfg.train_dir), fmt=m.format, field_size=m.field_size,
+    return explain_error(e, source_files(cfg.train_dir), fmt=m.format, field_size=m.field_size,
                          feature_size=feature_size, compression=m.compression,
                          label_format=m.label_format, what="training data")
 

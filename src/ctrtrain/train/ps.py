@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from ..errors import ConfigError
 from .. import heartbeat
+from ..data.index import describe_source
 from .config import model_config, optimizer_params
 from .controller import ChiefActions, Controller, StepStats, finish
 from .inputs import (check_data, planned_steps, positive_rate, schedule_of, train_read_error,
@@ -182,7 +183,7 @@ def train_parameter_server(cfg, threads) -> dict:
                         stats, start_step, log, feature_size,
                         lambda e: train_read_error(e, cfg, m, feature_size))
     outcome = Controller(trainer, schedule, log, global_batch=cfg.batch_size,
-                         data_name=cfg.train_dir, progress=cfg.progress).run()
+                         data_name=describe_source(cfg.train_dir), progress=cfg.progress).run()
     coordinator.join()
     return finish(cfg, trainer, log, outcome, manifest=m, feature_size=feature_size,
                   model_dir=md, result={"total_steps": total_steps, "resumed_from": start_step,

@@ -14,6 +14,7 @@ import math
 import time
 
 from .. import heartbeat
+from ..data.index import describe_source
 from ..errors import ConfigError
 from .config import TrainConfig, model_config, optimizer_params
 from .controller import ChiefActions, Controller, StepStats, finish
@@ -96,7 +97,8 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
         total_records = m.records if cfg.data_service else rt.sum_over_readers(mine)
         if mine == 0 and not cfg.data_service:
             raise ConfigError(f"reader {rt.reader_index} of {rt.readers} has no training records "
-                              f"in {cfg.train_dir} (read plan {cfg.read_plan}); every rank needs data")
+                              f"in {describe_source(cfg.train_dir)} (read plan {cfg.read_plan}); "
+                              "every rank needs data")
         total_steps = planned_steps(cfg, total_records, global_batch,
                                     f"the global batch ({cfg.batch_size} x {rt.replicas} replicas)")
     schedule = schedule_of(cfg, total_steps, total_records, global_batch)
@@ -127,7 +129,8 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
                           iter(data), log, feature_size,
                           lambda e: train_read_error(e, cfg, m, feature_size))
     outcome = Controller(trainer, schedule, log, global_batch=global_batch,
-                         data_name=cfg.train_dir, progress=cfg.progress and rt.is_chief).run()
+                         data_name=describe_source(cfg.train_dir),
+                         progress=cfg.progress and rt.is_chief).run()
     if not rt.is_chief:
         log.close()
         return {"step": outcome.step, "total_steps": total_steps, "chief": False}
