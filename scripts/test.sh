@@ -1,26 +1,88 @@
 #!/usr/bin/env bash
-# The whole test suite. First lints (ruff, layer check), then builds (or reuses) the environments: .venv (TF 2.21, the main
-# engine), .venv-hvd (TF 2.15.1 + Horovod, scripts/horovod_env.sh) and .venv-deepctr (DeepCTR,
-# the quality benchmark's peer, scripts/deepctr_env.sh). Then runs every test in
-# .venv (the Horovod mode's test launches from .venv-hvd), then every test again in .venv-hvd:
-# the package runs on the TF version SageMaker's Horovod containers ship.
-# With arguments (pytest selections/options): only those, in .venv.
+# The test suite, in timed phases:
+#   environments  builds (or reuses) .venv (TF 2.21, the main engine), .venv-hvd (TF 2.15.1 +
+#                 Horovod, scripts/horovod_env.sh) and .venv-deepctr (DeepCTR, the quality
+#                 benchmark's peer, scripts/deepctr_env.sh);
+#   lint          ruff, and no lower layer importing an upper one (scripts/check_layers.py);
+#   2.21 pass     every test, in .venv;
+#   2.15 pass     the tests marked `tf215`, in .venv-hvd: what differs on the TF version
+#                 SageMaker's Horovod containers ship (Horovod, the Estimator runner, one
+#                 end-to-end test of each command and mode run by TF 2.15 itself).
+# Each pass ends with its 10 slowest tests; the script ends with the seconds of each phase.
+#
+#   bash scripts/test.sh                  the whole suite (what CI runs)
+#   bash scripts/test.sh --coverage       the same, measuring line coverage of src/ over both
+#                                         passes and every process the tests start
+#   bash scripts/test.sh --quick          lint and the tests not marked `slow` (a few minutes):
+#                                         the check before each commit
+#   bash scripts/test.sh ARGS...          pytest ARGS (a file, -k NAME, -m tf215) in .venv only
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+
+# Two pytest-xdist workers: the suite leaves about half of 2 cores idle when run in one
+# process (its jobs wait on sockets, subprocesses and time limits). A file's tests stay on one
+# worker, in order (conftest.py's groups), so its fixtures are made once.
+parallel=(-n 2 --dist loadgroup)
+
+lint() {
+  ruff check src tests scripts examples && python scripts/check_layers.py
+}
+
+case "${1:-}" in
+  --quick)
+    source "$root/scripts/env.sh"
+    lint
+    exec python -m pytest -m "not slow" "${parallel[@]}" --durations=10 "${@:2}" ;;
+  --coverage) coverage=1; shift ;;
+  *) coverage=0 ;;
+esac
 if [ $# -gt 0 ]; then
   source "$root/scripts/env.sh"
   exec python -m pytest "$@"
 fi
-echo "== lint: ruff, and no lower layer importing an upper one"
-( source "$root/scripts/env.sh" && ruff check src tests scripts examples && python scripts/check_layers.py )
+
+phases=()
+began=$SECONDS
+phase_done() { phases+=("$(printf '%-14s %5d s' "$1" $((SECONDS - began)))"); began=$SECONDS; }
+report() {
+  echo "== seconds by phase"
+  printf '%s\n' "${phases[@]}"
+}
+trap report EXIT
+
+echo "== environments"
+( source "$root/scripts/env.sh" )
 bash "$root/scripts/horovod_env.sh"
 export CTRTRAIN_REQUIRE_HOROVOD=1
-# The quality benchmark's peer, DeepCTR 0.9.4 on tf-keras (scripts/deepctr_env.sh), is run by
-# its test in both passes.
+# DeepCTR 0.9.4 on tf-keras (scripts/deepctr_env.sh), run by the quality benchmark's test.
 CTRTRAIN_DEEPCTR_PYTHON="$(bash "$root/scripts/deepctr_env.sh")"
 export CTRTRAIN_DEEPCTR_PYTHON CTRTRAIN_REQUIRE_DEEPCTR=1
-echo "== tests on TensorFlow 2.21 (.venv)"
-( source "$root/scripts/env.sh" && python -m pytest )
-echo "== tests on TensorFlow 2.15.1 + Horovod (.venv-hvd)"
-"$root/.venv-hvd/bin/python" -m pytest
+phase_done environments
+
+echo "== lint: ruff, and no lower layer importing an upper one"
+( source "$root/scripts/env.sh" && lint )
+phase_done lint
+
+run=(-m pytest)
+if [ "$coverage" = 1 ]; then
+  # Every Python process the tests start (CLI subprocesses, simulated hosts, both venvs) records
+  # a data file here ([tool.coverage.run] in pyproject.toml); combined after both passes.
+  export COVERAGE_FILE="$root/.cache/coverage/.coverage" COVERAGE_RCFILE="$root/pyproject.toml"
+  rm -rf "$root/.cache/coverage" && mkdir -p "$root/.cache/coverage"
+  run=(-m coverage run -m pytest)
+fi
+
+echo "== tests on TensorFlow 2.21 (.venv): all"
+( source "$root/scripts/env.sh" && python "${run[@]}" "${parallel[@]}" --durations=10 )
+phase_done "2.21 pass"
+
+echo "== tests on TensorFlow 2.15.1 + Horovod (.venv-hvd): those marked tf215"
+"$root/.venv-hvd/bin/python" "${run[@]}" -m tf215 "${parallel[@]}" --durations=10
+phase_done "2.15 pass"
+
+if [ "$coverage" = 1 ]; then
+  echo "== line coverage of src/, both passes combined"
+  ( source "$root/scripts/env.sh" && cd "$root/.cache/coverage" && python -m coverage combine -q &&
+    python -m coverage report | tail -1 )
+fi

@@ -12,8 +12,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def shared_data() -> Path:
-    """The real Criteo/Avazu samples: ../shared/data beside the repository (as in CI)."""
-    p = Path(os.environ.get("CTRTRAIN_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    """The small real Criteo/Avazu/MovieLens samples, kept in tests/data (its README names each
+    file's source and licence); CTRTRAIN_SHARED_DATA points at another folder of that layout."""
+    p = Path(os.environ.get("CTRTRAIN_SHARED_DATA", ROOT / "tests" / "data"))
     assert p.is_dir(), f"real data samples not found at {p} (set CTRTRAIN_SHARED_DATA)"
     return p
 
@@ -21,6 +22,36 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def shared():
     return shared_data()
+
+
+# Under pytest-xdist with --dist loadgroup (scripts/test.sh) each group's tests run on one
+# worker, in order. A group is a file, so that its module fixtures are made once; files that
+# share a session fixture's costly product are one group.
+SAME_WORKER = {"test_faults": "test_distributed"}   # the single-process baselines (`single`)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(module, module)))
+
+
+@pytest.fixture(scope="session")
+def synth_data(tmp_path_factory):
+    """synth_data(rows, feature_size, seed) -> (root, info): synthesized splits (root/raw,
+    root/tf), made once per session for all the tests that read them."""
+    from trainutil import SynthCache
+    return SynthCache(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def single(synth_data, tmp_path_factory):
+    """single[batch, epochs]: single-process DeepFM runs (result.json) on test_distributed.py's
+    data, the baselines of the distributed and fault tests, each launched once per session."""
+    from test_distributed import DATA, SingleBaselines
+    return SingleBaselines(synth_data(**DATA)[0] / "tf", tmp_path_factory)
 
 
 def run_cli(*args, check=True, cwd=None, env=None, timeout=600):

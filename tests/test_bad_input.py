@@ -49,11 +49,8 @@ def tree_digest(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from trainutil import make_synth
-    root = tmp_path_factory.mktemp("bad-input")
-    make_synth(root, rows=6000, feature_size=2000, seed=5)
-    return root
+def data(synth_data):
+    return synth_data(rows=6000, feature_size=2000, seed=5)[0]
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +181,7 @@ def synthetic(n=2048, f=39, feature_size=2000, seed=0):
     ("label -1", 700, "label -1 is not 0 or 1"),
     ("id outside the table", 1999, "id 2000 (field 7) is outside [0, 2000)"),
 ])
+@pytest.mark.tf215
 def test_bad_records_are_named_by_train_and_predict(tmp_path, model, case, record, reason):
     labels, ids, values = synthetic()
     if case.startswith("label"):
@@ -235,6 +233,7 @@ def test_convert_refuses_values_float32_cannot_hold(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.tf215
 def test_cut_files_and_lying_manifests_are_caught_wherever_data_is_read(tmp_path, data, model):
     from ctrtrain.data.manifest import read_manifest
     d = tmp_path / "cut"
@@ -300,6 +299,7 @@ def test_resume_refuses_another_data_position_and_survives_damaged_checkpoints(t
     assert json.loads((md / "result.json").read_text())["resumed_from"] == 0
 
 
+@pytest.mark.slow
 def test_sigterm_and_sigint_checkpoint_before_exiting(tmp_path, data):
     import signal
     import time

@@ -75,6 +75,7 @@ def test_matrix_cells_from_axes_and_lists():
          "data_service": True, "hosts": 2, "sparse_reduce": "dense"}]
 
 
+@pytest.mark.slow
 def test_tiny_matrix_end_to_end(tmp_path):
     (tmp_path / "m.yaml").write_text(
         "data: {rows: 12000, feature_size: 2000}\nbudget: 7680\n"
@@ -100,6 +101,7 @@ def test_tiny_matrix_end_to_end(tmp_path):
         assert (tmp_path / "report" / f).exists()
 
 
+@pytest.mark.slow
 def test_tune_writes_settings_that_training_uses(tmp_path):
     from trainutil import make_synth
     make_synth(tmp_path / "d", rows=12_000, feature_size=2_000)
@@ -129,6 +131,7 @@ def deepctr_python() -> str | None:
     return os.environ.get("CTRTRAIN_DEEPCTR_PYTHON") or None
 
 
+@pytest.mark.slow
 def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
     """The quality benchmark end to end on a small long-tailed set: ctrtrain's catchup and
     dense reference per epoch, and the real DeepCTR 0.9.4 from its own environment."""

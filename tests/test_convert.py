@@ -28,6 +28,7 @@ def read_all(data_dir):
     return Rows.concat([r for p in m.paths(data_dir) for r in read_rows(p, m.field_size, m.compression)], 39)
 
 
+@pytest.mark.tf215
 @pytest.mark.parametrize("processes,compression", [(1, None), (2, "gzip")])
 def test_round_trip_is_lossless_and_shards_are_balanced(tmp_path, processes, compression):
     paths, rows = write_inputs(tmp_path / "in", [1234, 1, 2345])

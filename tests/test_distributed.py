@@ -18,12 +18,12 @@ HVD_PYTHON = ROOT / ".venv-hvd" / "bin" / "python"
 AUC_TOLERANCE = 0.005
 
 
+DATA = {"rows": 40_000, "feature_size": 2_000, "seed": 3}
+
+
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from trainutil import make_synth
-    root = tmp_path_factory.mktemp("dist-data")
-    make_synth(root, rows=40_000, feature_size=2_000, seed=3)
-    return root / "tf"
+def data(synth_data):
+    return synth_data(**DATA)[0] / "tf"
 
 
 def channels(data, sharded=False):
@@ -44,20 +44,24 @@ def launch(tmp_path, example, data, python=sys.executable, sharded=False, **over
     return result, json.loads((run / "job.json").read_text()), r.stdout
 
 
-@pytest.fixture(scope="module")
-def single(data, tmp_path_factory):
-    """Single-process baselines, by (global batch, epochs)."""
-    out = {}
-    for batch, epochs in ((512, 1), (256, 2)):
+class SingleBaselines(dict):
+    """Single-process runs on DATA by (global batch, epochs), each launched on first use and
+    shared by this file and test_faults.py (conftest's `single` fixture)."""
+
+    def __init__(self, data: Path, tmp_path_factory):
+        super().__init__()
+        self.data, self.factory = data, tmp_path_factory
+
+    def __missing__(self, key):
+        batch, epochs = key
         hp = {"epochs": epochs, "batch_size": batch}
-        if (batch, epochs) == PS_BASELINE:
+        if key == PS_BASELINE:
             # Parameter servers update the table sparsely (table_updates auto: catchup); their
             # baseline does the same, so that the comparison is of the asynchrony alone.
             hp["table_updates"] = "catchup"
-        r, _, _ = launch(tmp_path_factory.mktemp(f"single{batch}"), "deepfm-single", data,
-                         hyperparameters=hp)
-        out[batch, epochs] = r
-    return out
+        self[key] = launch(self.factory.mktemp(f"single{batch}x{epochs}"), "deepfm-single",
+                           self.data, hyperparameters=hp)[0]
+        return self[key]
 
 
 def assert_like_single(r, base, steps=None):
@@ -65,6 +69,8 @@ def assert_like_single(r, base, steps=None):
     assert abs(r["test"]["auc"] - base["test"]["auc"]) < AUC_TOLERANCE, (r["test"], base["test"])
 
 
+@pytest.mark.slow
+@pytest.mark.tf215
 def test_allreduce_matches_single_process(tmp_path, data, single):
     r, job, out = launch(tmp_path, "deepfm-allreduce", data,
                          hyperparameters={"epochs": 1, "batch_size": 256})
@@ -73,12 +79,14 @@ def test_allreduce_matches_single_process(tmp_path, data, single):
     assert_like_single(r, single[512, 1])
 
 
+@pytest.mark.slow
 def test_allreduce_dense_sparse_reduce_same_model(tmp_path, data, single):
     r, _, _ = launch(tmp_path, "deepfm-allreduce", data,
                      hyperparameters={"epochs": 1, "batch_size": 256, "sparse_reduce": "dense"})
     assert_like_single(r, single[512, 1])
 
 
+@pytest.mark.slow
 def test_allreduce_uneven_shards_run_equal_steps(tmp_path, data, single):
     # 4 files by S3 key over 3 hosts: 2, 1, 1 files (8k, 4k, 4k... records): the ranks must
     # still agree on the step count, or the job would hang in a collective.
@@ -93,6 +101,8 @@ def test_allreduce_uneven_shards_run_equal_steps(tmp_path, data, single):
     assert all(code == 0 for code in job["exit_codes"].values())
 
 
+@pytest.mark.slow
+@pytest.mark.tf215
 def test_mirrored_matches_single_process(tmp_path, data, single):
     r, _, _ = launch(tmp_path, "deepfm-mirrored", data,
                      hyperparameters={"epochs": 1, "batch_size": 256, "devices": 2})
@@ -106,6 +116,8 @@ def test_mirrored_matches_single_process(tmp_path, data, single):
 # run in four); with 0.35x it stayed within 0.0024 over 5 runs (README, docs/benchmarks.md).
 PS_HP = {"epochs": 2, "batch_size": 256, "learning_rate": 0.00035}
 PS_BASELINE = (256, 2)
+@pytest.mark.slow
+@pytest.mark.tf215
 def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, data, single):
     r, job, out = launch(tmp_path, "deepfm-parameter-server", data, hyperparameters=PS_HP)
     assert "parameter-server load" in out
@@ -122,6 +134,8 @@ def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, da
                             "worker", "worker"])
 
 
+@pytest.mark.slow
+@pytest.mark.tf215
 def test_data_service_with_allreduce(tmp_path, data, single):
     r, job, _ = launch(tmp_path, "deepfm-data-service", data,
                        hyperparameters={"epochs": 1, "batch_size": 256})
@@ -130,6 +144,7 @@ def test_data_service_with_allreduce(tmp_path, data, single):
     assert_like_single(r, single[512, 1])
 
 
+@pytest.mark.slow
 def test_data_service_with_parameter_servers(tmp_path, data, single):
     r, job, _ = launch(tmp_path, "deepfm-parameter-server", data, hyperparameters=PS_HP,
                        instance_groups=[{"name": "train", "hosts": 2, "processes_per_host": 1},
@@ -142,6 +157,8 @@ def test_data_service_with_parameter_servers(tmp_path, data, single):
     assert_like_single(r, single[256, 2])
 
 
+@pytest.mark.slow
+@pytest.mark.tf215
 def test_horovod_matches_single_process(tmp_path, data, single):
     if not HVD_PYTHON.exists():
         if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):

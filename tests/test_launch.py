@@ -51,6 +51,7 @@ def alive(run_dir):
     return procs, out
 
 
+@pytest.mark.slow
 def test_sagemaker_estimator_example(tmp_path):
     run_cli("launch", spec_from_example(tmp_path, "sagemaker-estimator"))
     run = tmp_path / "run"
@@ -171,6 +172,7 @@ def test_first_failure_fails_the_job_fast_and_tears_everything_down(tmp_path):
     assert len(pids) == 3 and live == []
 
 
+@pytest.mark.slow
 def test_time_limit_and_ctrl_c_leave_no_process(tmp_path):
     (tmp_path / "s.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(300)\n")
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({
@@ -370,6 +372,7 @@ def test_resource_config_round_trip():
     assert rc["current_group_name"] == "b" and rc["hosts"] == ["algo-1", "algo-2", "algo-3"]
 
 
+@pytest.mark.slow
 def test_allreduce_script_on_tensorflow_collectives(tmp_path):
     """The Horovod-style MNIST-like script, rewritten to MultiWorkerMirroredStrategy, on 2 hosts."""
     r = run_cli("launch", spec_from_example(tmp_path, "allreduce-mnist"))
@@ -382,6 +385,7 @@ def test_allreduce_script_on_tensorflow_collectives(tmp_path):
     assert alive(tmp_path / "run")[1] == []
 
 
+@pytest.mark.slow
 def test_parameter_servers_are_shut_down_when_the_chief_finishes(tmp_path):
     run_cli("launch", spec_from_example(tmp_path, "parameter-server"))
     job = json.loads((tmp_path / "run" / "job.json").read_text())
@@ -394,18 +398,20 @@ def test_parameter_servers_are_shut_down_when_the_chief_finishes(tmp_path):
     assert alive(tmp_path / "run")[1] == []
 
 
-def test_deepfm_recipe_through_launch(tmp_path):
-    from trainutil import make_synth
-    make_synth(tmp_path / "data", rows=20_000, feature_size=2_000)
+@pytest.mark.slow
+@pytest.mark.tf215
+def test_deepfm_recipe_through_launch(tmp_path, synth_data):
+    data = synth_data(rows=20_000, feature_size=2_000)[0] / "tf"
     spec = spec_from_example(tmp_path, "deepfm-single", hyperparameters={"epochs": 1, "batch_size": 256},
-                             channels={"training": {"path": str(tmp_path / "data" / "tf" / "train")},
-                                       "test": {"path": str(tmp_path / "data" / "tf" / "test")}})
+                             channels={"training": {"path": str(data / "train")},
+                                       "test": {"path": str(data / "test")}})
     run_cli("launch", spec)
     result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
     assert result["step"] == 16_000 // 256 and result["test"]["auc"] > 0.6
     assert list((tmp_path / "run" / "model" / "export").iterdir())
 
 
+@pytest.mark.slow
 def test_mirrored_devices_on_one_host(tmp_path):
     run_cli("launch", spec_from_example(tmp_path, "mirrored"))
     r = json.loads((tmp_path / "run" / "model" / "mirrored.json").read_text())
@@ -413,6 +419,7 @@ def test_mirrored_devices_on_one_host(tmp_path):
     assert [round(v, 2) for v in r["w"]] == [1.0, -2.0, 0.5, 3.0]
 
 
+@pytest.mark.slow
 def test_heterogeneous_cluster_with_data_service(tmp_path):
     run_cli("launch", spec_from_example(tmp_path, "data-service"))
     run = tmp_path / "run"

@@ -20,11 +20,8 @@ from test_launch import alive, spec_from_example
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from trainutil import make_synth
-    root = tmp_path_factory.mktemp("safety-data")
-    make_synth(root, rows=20_000, feature_size=2_000, seed=4)
-    return root / "tf"
+def data(synth_data):
+    return synth_data(rows=20_000, feature_size=2_000)[0] / "tf"
 
 
 def script_job(tmp_path, body: str, name="job", hosts=1, mode="single", **over) -> Path:
@@ -84,6 +81,7 @@ def test_run_directory_must_be_new_empty_or_this_jobs_and_is_locked(tmp_path):
 
 # --- healthy work is not killed, stuck work is --------------------------------------------
 
+@pytest.mark.slow
 def test_a_recipe_training_longer_than_its_watchdog_finishes(tmp_path, data):
     # No log window for the whole run (log_every beyond the steps): only the trainer's
     # heartbeat tells the watchdog that it is making progress.
@@ -105,6 +103,7 @@ def test_a_recipe_training_longer_than_its_watchdog_finishes(tmp_path, data):
     assert r.stdout.count("[train] step") == 4
 
 
+@pytest.mark.slow
 def test_a_stopped_parameter_server_fails_the_job_naming_it(tmp_path, data):
     from test_distributed import PS_HP
     proc, run = start(tmp_path, "deepfm-parameter-server", data,
@@ -234,6 +233,7 @@ def free_ports(n):
     return out
 
 
+@pytest.mark.slow
 def test_run_from_tf_config_splits_the_data_between_workers(tmp_path, data):
     workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     procs = [run_host(tmp_path, data, {"cluster": {"worker": workers},
@@ -251,6 +251,7 @@ def test_run_from_tf_config_splits_the_data_between_workers(tmp_path, data):
     assert start_event["records"] == records      # each example once per epoch, not twice
 
 
+@pytest.mark.slow
 def test_run_tears_down_when_a_peer_never_starts(tmp_path, data):
     workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     t = time.monotonic()

@@ -17,14 +17,11 @@ from ctrtrain.input.pipe import PipeStream, line_blocks, tfrecord_blocks
 from ctrtrain.input.pipeline import PipelineConfig, make_pipe_dataset
 from ctrtrain.launch.channels import PipeFeeder
 from test_launch import spec_from_example
-from trainutil import make_synth
 
 
 @pytest.fixture(scope="module")
-def synth(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipe-data")
-    make_synth(root, rows=20_000, feature_size=2_000)
-    return root
+def synth(synth_data):
+    return synth_data(rows=20_000, feature_size=2_000)[0]
 
 
 class Trickle(io.RawIOBase):
@@ -45,6 +42,7 @@ def stream_of(directory):
     return m, b"".join(open(p, "rb").read() for p in m.paths(directory))
 
 
+@pytest.mark.tf215
 def test_framing_yields_exactly_what_tensorflow_reads(synth):
     m, data = stream_of(synth / "tf" / "train")
     want = [r.numpy() for r in tf.data.TFRecordDataset(m.paths(synth / "tf" / "train"))]
@@ -115,6 +113,8 @@ def pipe_spec(tmp_path, synth, example, hyperparameters, **over):
                   "test": {"path": str(synth / "tf" / "test")}}, **over)
 
 
+@pytest.mark.slow
+@pytest.mark.tf215
 def test_deepfm_recipe_trains_from_a_pipe_channel_until_the_stream_ends(tmp_path, synth):
     run_cli("launch", pipe_spec(tmp_path, synth, "deepfm-single", {}, pipe_epochs=2))
     result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
@@ -123,6 +123,7 @@ def test_deepfm_recipe_trains_from_a_pipe_channel_until_the_stream_ends(tmp_path
     assert result["test"]["auc"] > 0.6
 
 
+@pytest.mark.slow
 def test_allreduce_ranks_share_pipe_streams_and_a_short_stream_fails_fast(tmp_path, synth):
     # FullyReplicated over 2 hosts: each host's FIFO streams everything, each rank keeps
     # every other record (a record shard), and both run the steps given. They stop reading

@@ -47,6 +47,7 @@ def sm_job(tmp_path, script, **spec):
     return path
 
 
+@pytest.mark.slow
 def test_hard_coded_opt_ml_paths_sub_folder_channels_and_private_tmp(tmp_path):
     before = machine_opt_ml()
     data = tmp_path / "data"
@@ -103,6 +104,7 @@ def _wheel(dest: Path, name="localpkg", version="1.0") -> Path:
     return whl
 
 
+@pytest.mark.slow
 def test_toolkit_environment_fixed_ports_on_named_hosts_and_requirements(tmp_path):
     job = sm_job(tmp_path, "toolkit_env", instance_count=3, hyperparameters={"lr": 0.1})
     (tmp_path / "code" / "vendor").mkdir()
@@ -127,6 +129,7 @@ def test_toolkit_environment_fixed_ports_on_named_hosts_and_requirements(tmp_pat
     assert list((run / "tmp" / "algo-1" / "layers").rglob("localpkg/__init__.py"))
 
 
+@pytest.mark.slow
 def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -152,6 +155,7 @@ def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
 
 @pytest.mark.parametrize("image,environment", [("2.15", {}),
                                                ("2.21", {"TF_USE_LEGACY_KERAS": "1"})])
+@pytest.mark.slow
 def test_multi_worker_mirrored_keras2_fit_and_save_dir(tmp_path, image, environment):
     """Keras 2 as the script expects: the 2.15 image's own, or tf-keras in the 2.21 image
     with the estimator's environment={"TF_USE_LEGACY_KERAS": "1"}."""
@@ -168,6 +172,7 @@ def test_multi_worker_mirrored_keras2_fit_and_save_dir(tmp_path, image, environm
     assert len(h["accuracy"]) == 2
 
 
+@pytest.mark.slow
 def test_heterogeneous_job_data_group_serves_tf_data_service(tmp_path):
     job = sm_job(tmp_path, "hetero_data_service", instance_count=None, instance_type=None,
                  instance_groups=[{"name": "data_group", "hosts": 1, "instance_type": "ml.c5.2xlarge"},
@@ -192,6 +197,7 @@ def test_pipe_mode_channel_streams_each_epoch(tmp_path):
         "rows": 30, "total": 2 * sum(range(15))}
 
 
+@pytest.mark.slow
 def test_pipe_mode_dataset_in_the_2_15_image(tmp_path):
     """SageMaker's own PipeModeDataset (sagemaker-tensorflow, the C++ op) reads the channel's
     FIFOs in the 2.15 image, one per epoch."""
@@ -211,6 +217,7 @@ def test_pipe_mode_dataset_in_the_2_15_image(tmp_path):
     assert json.loads((tmp_path / "run" / "model" / "pipe.json").read_text()) == {"rows": 40}
 
 
+@pytest.mark.slow
 def test_a_failing_script_writes_the_failure_file_and_fails_the_job(tmp_path):
     before = machine_opt_ml()
     job = sm_job(tmp_path, "failing")
@@ -229,6 +236,7 @@ def test_unknown_framework_version_is_refused_by_name(tmp_path):
     assert r.returncode == 2 and "framework_version" in r.stderr and "2.99" in r.stderr and "2.21" in r.stderr
 
 
+@pytest.mark.slow
 def test_horovod_two_hosts_two_processes_have_per_host_local_ranks(tmp_path):
     """ctrtrain's own horovod mode (horovodrun, Gloo) across two simulated hosts: ranks see
     their host's local rank and size, as mpirun on real hosts gives them."""
@@ -252,6 +260,7 @@ def test_horovod_two_hosts_two_processes_have_per_host_local_ranks(tmp_path):
     assert all(x["sum"] == 6.0 and x["size"] == 4 for x in ranks)
 
 
+@pytest.mark.slow
 def test_mpi_distribution_two_hosts_two_processes(tmp_path):
     """SageMaker's `mpi` distribution in the 2.15 image: one Horovod world over both hosts,
     processes_per_host ranks on each with their local ranks, custom_mpi_options' exports."""
@@ -273,6 +282,7 @@ def test_mpi_distribution_two_hosts_two_processes(tmp_path):
             "sagemaker_mpi_custom_mpi_options": "-x MY_FLAG=on --NCCL_DEBUG WARN"}
 
 
+@pytest.mark.slow
 def test_mpi_applies_only_to_the_instance_groups_it_names(tmp_path):
     """A heterogeneous job with `mpi` over dnn_group: its host runs the Horovod world; the
     data_group host runs the script once, outside it."""

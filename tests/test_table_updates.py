@@ -8,6 +8,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+# The update arithmetic of the training step, on the ops of each TensorFlow version.
+pytestmark = pytest.mark.tf215
+
 from ctrtrain.models.deepfm import DeepFMConfig  # noqa: E402
 from ctrtrain.train.step import build_training, settle_function  # noqa: E402
 
@@ -114,6 +117,7 @@ def test_output_bias_starts_at_the_positive_rate():
     assert model_config(cfg, 10, 2, positive_rate=0.002).initial_bias == 0.0
 
 
+@pytest.mark.slow
 def test_rare_positive_data_starts_calibrated(tmp_path):
     """On 0.2%-positive data a few steps from a zero bias predict far above the base rate
     (the early steps spend themselves moving the bias from 0.5); from the prior they do not."""

@@ -7,6 +7,7 @@ from ctrtrain.data.tfrecord import ShardWriter, encode_examples, read_rows
 from ctrtrain.errors import DataError
 
 
+@pytest.mark.tf215
 @pytest.mark.parametrize("compression", [None, "gzip"])
 def test_written_records_read_back_with_tensorflow(tmp_path, compression):
     rows = random_rows(3000, feature_size=2 ** 40)
@@ -22,6 +23,7 @@ def test_written_records_read_back_with_tensorflow(tmp_path, compression):
     np.testing.assert_array_equal(back.labels, rows.labels)
 
 
+@pytest.mark.tf215
 def test_encoding_matches_tensorflows_own_serialization():
     import tensorflow as tf
     rows = random_rows(5, f=3)
@@ -42,6 +44,7 @@ def test_aborted_writer_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.tf215
 def test_truncated_file_names_the_record(tmp_path):
     path = tmp_path / "a.tfrecord"
     w = ShardWriter(str(path))

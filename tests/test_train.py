@@ -9,14 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from trainutil import make_synth
 
 
 @pytest.fixture(scope="module")
-def synth(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synth")
-    info = make_synth(root, rows=300_000, feature_size=5_000)
-    return root, info
+def synth(synth_data):
+    return synth_data(rows=300_000, feature_size=5_000)
 
 
 def train_args(root, model_dir, *extra):
@@ -24,6 +21,7 @@ def train_args(root, model_dir, *extra):
             "--test", root / "tf" / "test", "--model-dir", model_dir, "--quiet", *extra]
 
 
+@pytest.mark.slow
 def test_reaches_the_bayes_optimal_auc_on_synthesized_data(synth, tmp_path):
     root, info = synth
     from ctrtrain.train import train
@@ -52,6 +50,8 @@ def _wait_for(pred, timeout):
     return False
 
 
+@pytest.mark.slow
+@pytest.mark.tf215
 def test_killed_run_resumes_from_its_last_checkpoint(synth, tmp_path):
     root, _ = synth
     md = tmp_path / "m"
@@ -99,6 +99,7 @@ def test_resume_skips_to_the_same_batches(synth):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_export_signature_and_batch_predict_in_order(synth, tmp_path):
     root, _ = synth
     md = tmp_path / "m"
@@ -128,6 +129,7 @@ def test_export_signature_and_batch_predict_in_order(synth, tmp_path):
     assert [int(r[2]) for r in csv[1:501]] == rows.labels[:500].astype(int).tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adagrad", "ftrl", "sgd", "momentum"])
 def test_every_optimizer_learns(synth, tmp_path, optimizer):
     root, _ = synth
@@ -138,6 +140,7 @@ def test_every_optimizer_learns(synth, tmp_path, optimizer):
     assert r["test"]["auc"] > 0.70, r["test"]
 
 
+@pytest.mark.slow
 def test_scale_lr_multiplies_the_step_by_the_replicas(synth, tmp_path):
     # One SGD step from the same start on the same global batch: the output bias starts at 0
     # (output_bias zero), so after the step it is -lr x its gradient, and scale_lr over 2
@@ -159,6 +162,7 @@ def test_scale_lr_multiplies_the_step_by_the_replicas(synth, tmp_path):
     assert bias["scaled"] == pytest.approx(2 * bias["plain"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_options_dropout_batchnorm_mixed_precision_cache_libsvm(synth, tmp_path):
     root, info = synth
     run_cli("train", "--train", root / "raw" / "train", "--test", root / "raw" / "test",
@@ -168,6 +172,7 @@ def test_options_dropout_batchnorm_mixed_precision_cache_libsvm(synth, tmp_path)
     assert r["test"]["auc"] > 0.70 and np.isfinite(r["test"]["logloss"])
 
 
+@pytest.mark.slow
 def test_bad_settings_are_named(synth, tmp_path):
     root, _ = synth
     r = run_cli(*train_args(root, tmp_path / "m", "--batch-size", "10000000"), check=False)
@@ -185,6 +190,8 @@ def test_bad_settings_are_named(synth, tmp_path):
     assert r.returncode == 2 and "table_updates='dense'" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.tf215
 def test_criteo_sample_raw_to_prediction(shared, tmp_path):
     """Real rows: raw Criteo TSV -> split -> featurize -> convert -> train -> predict raw rows."""
     src = shared / "criteo_head1000" / "train.txt"
@@ -210,6 +217,7 @@ def test_criteo_sample_raw_to_prediction(shared, tmp_path):
     assert lines == (tmp_path / "p2.csv").read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_early_stopping_and_checkpoint_retention(synth, tmp_path):
     root, _ = synth
     md = tmp_path / "m"

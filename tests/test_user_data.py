@@ -49,6 +49,25 @@ def test_tfrecords_without_a_manifest_train_as_files_globs_or_directories(tmp_pa
         assert "indexing" in out and result(tmp_path / f"m{i}")["test"]["examples"] > 0
     start = [json.loads(x) for x in (tmp_path / "m1" / "metrics.jsonl").read_text().splitlines()][0]
     assert start["records"] == records and start["field_size"] == 39
+    # An unquoted glob, as a shell expands it: several paths after --train (and --test).
+    files = sorted(loose.glob("tr-*.tfrecords"))
+    code, out, err = cli("train", "--train", *files, "--test", loose / "test.tfrecords", files[0],
+                         "--model-dir", tmp_path / "m2", "--steps", 5, "--batch-size", 256, "--quiet")
+    assert code == 0, err
+    start2 = [json.loads(x) for x in (tmp_path / "m2" / "metrics.jsonl").read_text().splitlines()][0]
+    assert start2["records"] == records and start2["field_size"] == 39
+    first = json.loads((data / "tf" / "train" / "manifest.json").read_text())["files"][0]["records"]
+    assert result(tmp_path / "m2")["test"]["examples"] == \
+        result(tmp_path / "m1")["test"]["examples"] + first
+    assert yaml.safe_load((tmp_path / "m2" / "config.yaml").read_text())["data"]["train_dir"] == \
+        [str(f) for f in files]
+    # A file twice (overlapping globs) would be read twice an epoch; a manifest's directory
+    # is read alone.
+    err = refused("train", "--train", *files, files[1], "--model-dir", tmp_path / "m3",
+                  match="the file is given twice")
+    assert str(files[1]) in err
+    refused("train", "--train", data / "tf" / "train", files[0], "--model-dir", tmp_path / "m3",
+            match="a data directory with a manifest is read alone")
     # A directory of them, indexed once, then read like any data directory.
     d = tmp_path / "dir"
     d.mkdir()
@@ -106,6 +125,7 @@ def test_help_shows_every_default_and_the_sample_settings_are_accepted(tmp_path,
             "--deep-layers", "64,32", "--dropout", "0.5,0.5,0.5", match="3 rates for 2 deep layers")
 
 
+@pytest.mark.slow
 def test_recipe_takes_the_sample_hyperparameters_as_written(tmp_path, data):
     from test_distributed import channels
     from test_launch import spec_from_example
@@ -126,6 +146,7 @@ def test_recipe_takes_the_sample_hyperparameters_as_written(tmp_path, data):
     assert r.returncode == 2 and "unknown setting 'batch_norm_decay'" in r.stderr
 
 
+@pytest.mark.slow
 def test_schedules_in_epochs_config_files_and_test_predictions(tmp_path, data):
     steps_per_epoch = json.loads((data / "tf" / "train" / "manifest.json").read_text())[
         "records"] // 256
@@ -165,6 +186,7 @@ def test_schedules_in_epochs_config_files_and_test_predictions(tmp_path, data):
     assert result(tmp_path / "m3")["step"] == 7
 
 
+@pytest.mark.slow
 @pytest.mark.tf215
 def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_path, loose):
     """With --estimator-python, the SageMaker sample's TF1 Estimator (estimator_runner.py, in
@@ -189,6 +211,7 @@ def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_pat
     assert ref["ratio_to_estimator_sample"] == pytest.approx(ref["examples_per_s"] / est["examples_per_s"])
 
 
+@pytest.mark.slow
 def test_parameter_servers_honour_early_stopping_and_report_input_time(tmp_path, data):
     from test_distributed import PS_HP, channels
     from test_launch import spec_from_example
