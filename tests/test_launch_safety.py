@@ -82,6 +82,7 @@ def test_run_directory_must_be_new_empty_or_this_jobs_and_is_locked(tmp_path):
 # --- healthy work is not killed, stuck work is --------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.serial   # an 8 s watchdog: the other worker's load stretched the job's end past it
 def test_a_recipe_training_longer_than_its_watchdog_finishes(tmp_path, data):
     # No log window for the whole run (log_every beyond the steps): only the trainer's
     # heartbeat tells the watchdog that it is making progress.
