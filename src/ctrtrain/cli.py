@@ -68,6 +68,13 @@ def _data_commands(sub):
     p.add_argument("--categorical-fields", type=POSITIVE, default=26,
                    help="the first this many of Criteo's 26 categorical fields (9 with "
                         "--numeric-fields 0: a small 9-field set like MovieLens-style ratings)")
+    p.add_argument("--multi-hot-fields", type=NON_NEGATIVE, default=0,
+                   help="also this many bags of ids per row (multi_hot fields, mean-pooled by "
+                        "the hidden model): the data then declares its fields and is TFRecord")
+    p.add_argument("--multi-hot-len", type=POSITIVE, default=5,
+                   help="a bag holds 0 to this many ids (its max_len)")
+    p.add_argument("--multi-hot-vocab", type=_number(int, 2), default=1000,
+                   help="distinct ids of each multi_hot field")
     p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_synth)
@@ -144,7 +151,10 @@ def cmd_synth(a):
     s = synthesize(a.out, SynthConfig(rows=a.rows, feature_size=a.feature_size, seed=a.seed,
                                       zipf=a.zipf, files_per_split=a.files_per_split,
                                       numeric_fields=a.numeric_fields,
-                                      categorical_fields=a.categorical_fields),
+                                      categorical_fields=a.categorical_fields,
+                                      multi_hot_fields=a.multi_hot_fields,
+                                      multi_hot_len=a.multi_hot_len,
+                                      multi_hot_vocab=a.multi_hot_vocab),
                    processes=a.processes, overwrite=a.overwrite)
     for name, d in s["splits"].items():
         if not d["rows"]:

@@ -35,7 +35,7 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
                       mixed_precision=mixed_precision, table_updates=table_updates)
     resolve_table_updates(cfg, m.feature_size)
     _, _, step, _ = build_training(
-        model_config(cfg, m.feature_size, m.field_size, positive_rate(m)), cfg.optimizer,
+        model_config(cfg, m.feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer,
         cfg.learning_rate, optimizer_params=optimizer_params(cfg))
 
     for b in batches[:warmup]:

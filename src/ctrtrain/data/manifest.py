@@ -33,6 +33,14 @@ class Manifest:
     skipped_rows: list[dict] = dataclasses.field(default_factory=list)
     vocabulary: str | None = None     # path of the featurization vocabulary, if any
     extra: dict = dataclasses.field(default_factory=dict)
+    fields: list | None = None        # the declared fields (data/schema.py); None = the
+                                      # fixed schema: field_size ids with values
+
+    @property
+    def schema(self):
+        """The declared fields as a Schema, or None for the fixed schema."""
+        from .schema import Schema
+        return None if self.fields is None else Schema.from_json(self.fields)
 
     @property
     def records(self) -> int:
@@ -43,6 +51,8 @@ class Manifest:
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
+        if d["fields"] is None:
+            del d["fields"]     # a fixed-schema manifest reads as the previous release wrote it
         d["records"] = self.records
         return d
 
@@ -88,6 +98,14 @@ class Manifest:
         vocab = d.get("vocabulary")
         if vocab is not None and (not isinstance(vocab, str) or "/" in vocab or vocab.startswith(".")):
             raise bad("vocabulary", f"{_short(vocab)} must be a file name in the data directory")
+        if d.get("fields") is not None:
+            from .schema import Schema
+            declared = Schema.from_json(d["fields"], where=where)
+            if d["format"] != "tfrecord":
+                raise bad("fields", "declared fields are stored as TFRecord only")
+            if declared.field_size != d["field_size"]:
+                raise bad("field_size", f"{d['field_size']} but {declared.field_size} fields "
+                          "are declared")
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in fields and k != "files"}
         try:
@@ -128,7 +146,7 @@ def read_manifest(directory: str | os.PathLike, check: bool = True) -> Manifest:
 def check_files(m: Manifest, directory: str | os.PathLike) -> None:
     """Cheap checks of the files against the manifest (stat, and for text a line count):
     `ctrtrain data validate` does the full ones (checksums, every record)."""
-    if m.format == "tfrecord" and m.compression is None:
+    if m.format == "tfrecord" and m.compression is None and m.fields is None:
         lo, hi = record_size_bounds(m.field_size, m.feature_size)
     for entry, p in zip(m.files, m.paths(directory)):
         if not os.path.isfile(p):
@@ -142,7 +160,7 @@ def check_files(m: Manifest, directory: str | os.PathLike) -> None:
             n = count_lines(p)
             if n != entry.records:
                 raise DataError(f"{n} lines, the manifest says {entry.records} records", path=p)
-        elif m.compression is None:
+        elif m.compression is None and m.fields is None:
             if not entry.records * lo <= size <= entry.records * hi:
                 raise DataError(f"{size} bytes cannot hold the {entry.records} records the "
                                 f"manifest says ({lo} to {hi} bytes each)", path=p)

@@ -2,7 +2,10 @@
 
 39 fields: 13 numeric (one id each, value log1p of a heavy-tailed count, 20% missing = 0) and
 26 categorical (or fewer of each: numeric_fields, categorical_fields) whose cardinalities are Criteo Kaggle's scaled to the requested feature_size,
-ids Zipf-distributed within each field. Labels are drawn from a hidden FM + linear model; the
+ids Zipf-distributed within each field. With multi_hot_fields, each row also has that many bags
+of 0 to multi_hot_len ids (a length drawn uniformly, 0 included) from a vocabulary of their own,
+which the hidden model mean-pools into one field; such data declares its fields (numeric,
+categorical, multi_hot: data/schema.py) and is written as TFRecord. Labels are drawn from a hidden FM + linear model; the
 true click probability of every row is known, so the AUC of those probabilities on the test
 split is the best any model can reach: the yardstick training is judged by. Signal fades with
 an id's rarity (rare ids carry small weights), as in real logs, so enough rows make the bound
@@ -52,26 +55,43 @@ class SynthConfig:
     files_per_split: int = 2
     numeric_fields: int = N_NUMERIC      # Criteo's 13; fewer (0) for other layouts
     categorical_fields: int = len(CRITEO_CARDINALITIES)  # the first this many of Criteo's 26
+    multi_hot_fields: int = 0    # bags of ids (declared fields, TFRecord output)
+    multi_hot_len: int = 5       # a bag holds 0 to this many ids
+    multi_hot_vocab: int = 1000  # distinct ids of each bag field
 
     @property
     def field_size(self) -> int:
-        return self.numeric_fields + self.categorical_fields
+        return self.numeric_fields + self.categorical_fields + self.multi_hot_fields
+
+    def schema(self):
+        """The declared fields (with multi_hot_fields), or None: the fixed schema."""
+        if not self.multi_hot_fields:
+            return None
+        from .schema import Field, Schema
+        return Schema(tuple(
+            [Field(f"I{j + 1}", "numeric") for j in range(self.numeric_fields)]
+            + [Field(f"C{j + 1}") for j in range(self.categorical_fields)]
+            + [Field(f"M{j + 1}", "multi_hot", self.multi_hot_len, "mean")
+               for j in range(self.multi_hot_fields)]))
 
     def cardinalities(self) -> list[int]:
         if not 0 <= self.numeric_fields <= N_NUMERIC or not (
                 1 <= self.categorical_fields <= len(CRITEO_CARDINALITIES)):
             raise DataError(f"numeric_fields must be 0..{N_NUMERIC} and categorical_fields "
                             f"1..{len(CRITEO_CARDINALITIES)}", field="fields")
+        if self.multi_hot_fields < 0 or self.multi_hot_len < 1 or self.multi_hot_vocab < 2:
+            raise DataError("multi_hot_fields must be >= 0, multi_hot_len >= 1 and "
+                            "multi_hot_vocab >= 2", field="multi_hot")
         criteo = CRITEO_CARDINALITIES[:self.categorical_fields]
-        budget = self.feature_size - self.numeric_fields
+        budget = self.feature_size - self.numeric_fields - self.multi_hot_fields * self.multi_hot_vocab
         if budget < 2 * len(criteo):
-            raise DataError(f"feature_size must be at least {self.numeric_fields + 2 * len(criteo)}",
-                            field="feature_size")
+            least = self.feature_size - budget + 2 * len(criteo)
+            raise DataError(f"feature_size must be at least {least}", field="feature_size")
         small = [c for c in criteo if c <= 100]
         scale = (budget - sum(small)) / max(sum(c for c in criteo if c > 100), 1)
         cards = [c if c <= 100 else max(2, int(round(c * scale))) for c in criteo]
         cards[int(np.argmax(cards))] += budget - sum(cards)  # exact total
-        return cards
+        return cards + [self.multi_hot_vocab] * self.multi_hot_fields
 
     def split_bounds(self) -> dict[str, tuple[int, int]]:
         n_test = int(round(self.rows * self.test_fraction))
@@ -99,8 +119,7 @@ class HiddenModel:
             p = (1.0 + np.arange(c)) ** -cfg.zipf
             self.cdfs.append(np.cumsum(p / p.sum()))
         # Calibrate the parts' scales and the bias on a pilot sample.
-        ids, values = self.sample_features(np.random.default_rng([cfg.seed, 1]), 20_000)
-        lin, fm = self._parts(ids, values)
+        lin, fm = self._parts(*self.sample_features(np.random.default_rng([cfg.seed, 1]), 20_000))
         self.a = cfg.linear_std / max(lin.std(), 1e-9)
         self.b = cfg.fm_std / max(fm.std(), 1e-9)
         logit = self.a * lin + self.b * fm
@@ -114,29 +133,50 @@ class HiddenModel:
         self.bias = (lo + hi) / 2
 
     def sample_features(self, rng, n: int):
-        numeric = self.cfg.numeric_fields
-        f = numeric + len(self.cards)
-        ids = np.empty((n, f), np.int64)
-        values = np.ones((n, f), np.float32)
+        """(ids [n, single fields], values, bags): bags = [(lengths [n], ids)] per bag field."""
+        numeric, bags = self.cfg.numeric_fields, self.cfg.multi_hot_fields
+        single = len(self.cards) - bags
+        ids = np.empty((n, numeric + single), np.int64)
+        values = np.ones((n, numeric + single), np.float32)
         ids[:, :numeric] = np.arange(numeric)
         counts = np.floor(rng.lognormal(1.5, 1.5, (n, numeric)))
         present = rng.random((n, numeric)) >= 0.2
         values[:, :numeric] = np.where(present, np.round(np.log1p(counts), 4), 0.0)
+        out_bags = []
         for j, (cdf, base) in enumerate(zip(self.cdfs, self.bases)):
-            r = np.minimum(np.searchsorted(cdf, rng.random(n)), len(cdf) - 1)
-            ids[:, numeric + j] = base + r
-        return ids, values
+            if j < single:
+                r = np.minimum(np.searchsorted(cdf, rng.random(n)), len(cdf) - 1)
+                ids[:, numeric + j] = base + r
+            else:
+                lengths = rng.integers(0, self.cfg.multi_hot_len + 1, n)
+                r = np.minimum(np.searchsorted(cdf, rng.random(int(lengths.sum()))), len(cdf) - 1)
+                out_bags.append((lengths, base + r))
+        return ids, values, out_bags
 
-    def _parts(self, ids, values):
+    def _parts(self, ids, values, bags=()):
         x = values.astype(np.float64)
         lin = (self.w[ids] * x).sum(1)
         vx = self.v[ids] * x[..., None]
+        if bags:
+            # Each bag is one more field: the mean of its ids' weights and vectors (0 if empty).
+            pooled = [_mean_pool(self.v[bag_ids], lengths) for lengths, bag_ids in bags]
+            lin = lin + sum(_mean_pool(self.w[bag_ids][:, None], lengths)[:, 0]
+                            for lengths, bag_ids in bags)
+            vx = np.concatenate([vx, np.stack(pooled, 1)], 1)
         fm = 0.5 * ((vx.sum(1) ** 2).sum(1) - (vx ** 2).sum((1, 2)))
         return lin, fm
 
-    def probability(self, ids, values) -> np.ndarray:
-        lin, fm = self._parts(ids, values)
+    def probability(self, ids, values, bags=()) -> np.ndarray:
+        lin, fm = self._parts(ids, values, bags)
         return 1 / (1 + np.exp(-(self.bias + self.a * lin + self.b * fm)))
+
+
+def _mean_pool(rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per row, the mean of its `lengths[i]` consecutive rows (0 for none)."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    sums = np.add.reduceat(np.concatenate([rows, np.zeros((1, rows.shape[1]))]),
+                           np.minimum(starts, len(rows)), axis=0)[:len(lengths)]
+    return np.where(lengths[:, None] > 0, sums / np.maximum(lengths, 1)[:, None], 0.0)
 
 
 _MODEL_CACHE: dict = {}
@@ -146,34 +186,70 @@ def _block_rows(cfg: SynthConfig, block: int, start: int, stop: int):
     key = dataclasses.astuple(cfg)
     model = _MODEL_CACHE.get(key) or _MODEL_CACHE.setdefault(key, HiddenModel(cfg))
     rng = np.random.default_rng([cfg.seed, 2, block])
-    ids, values = model.sample_features(rng, BLOCK)
-    p = model.probability(ids, values)
+    ids, values, bags = model.sample_features(rng, BLOCK)
+    p = model.probability(ids, values, bags)
     labels = (rng.random(BLOCK) < p).astype(np.float32)
     a, b = start - block * BLOCK, stop - block * BLOCK
-    return Rows(labels[a:b], ids[a:b], values[a:b]), p[a:b]
+    schema = cfg.schema()
+    if schema is None:
+        return Rows(labels[a:b], ids[a:b], values[a:b]), p[a:b]
+    from .schema import FieldRows
+    numeric = cfg.numeric_fields
+    columns = {f.name: values[a:b, j] for j, f in enumerate(schema.of("numeric"))}
+    columns.update({f.name: ids[a:b, numeric + j] for j, f in enumerate(schema.of("categorical"))})
+    for f, (lengths, bag_ids) in zip(schema.of("multi_hot"), bags):
+        ends = np.cumsum(lengths)
+        lo, hi = (int(ends[a - 1]) if a else 0), int(ends[b - 1])
+        columns[f.name] = (lengths[a:b], bag_ids[lo:hi], None)
+    return FieldRows(labels[a:b], columns), p[a:b]
 
 
 def _write_file(task):
-    """Worker: rows [start, stop) into one libsvm file; returns its entry and (labels, probs)."""
+    """Worker: rows [start, stop) into one libsvm file (TFRecord for declared fields);
+    returns its entry and (labels, probs)."""
     cfg, path, start, stop = task
     tmp = path + ".tmp"
     labels, probs = [], []
-    with open(tmp, "wb") as f:
+    schema = cfg.schema()
+    if schema is not None:
+        from .tfrecord import ShardWriter
+        writer = ShardWriter(path)
+    with open(tmp, "wb") if schema is None else _closing_writer(writer) as f:
         for block in range(start // BLOCK, (stop - 1) // BLOCK + 1):
             lo, hi = max(start, block * BLOCK), min(stop, (block + 1) * BLOCK)
             rows, p = _block_rows(cfg, block, lo, hi)
-            f.write(format_libsvm(rows))
+            if schema is None:
+                f.write(format_libsvm(rows))
+            else:
+                writer.write_rows(rows, schema)
             labels.append(rows.labels)
             probs.append(p)
-    os.replace(tmp, path)
+    if schema is None:
+        os.replace(tmp, path)
+    else:
+        writer.commit()
     entry = FileEntry(os.path.basename(path), stop - start, os.path.getsize(path), sha256_file(path))
     return entry, np.concatenate(labels), np.concatenate(probs)
 
 
+class _closing_writer:
+    """A ShardWriter as a context: aborted (its .tmp removed) if the block raises."""
+    def __init__(self, writer):
+        self.writer = writer
+
+    def __enter__(self):
+        return self.writer
+
+    def __exit__(self, kind, *_):
+        if kind is not None:
+            self.writer.abort()
+
+
 def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | None = None,
                overwrite: bool = False) -> dict:
-    """Writes <out>/{train,valid,test}/ libsvm data directories and <out>/synth.json with the
-    Bayes-optimal AUC and logloss of every split. Returns that summary."""
+    """Writes <out>/{train,valid,test}/ libsvm data directories (TFRecord with declared fields
+    when there are bags) and <out>/synth.json with the Bayes-optimal AUC and logloss of every
+    split. Returns that summary."""
     if cfg.rows < 10:
         raise DataError("rows must be at least 10", field="rows")
     out = prepare_output_dir(out_dir, overwrite)
@@ -184,7 +260,8 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
         k = min(cfg.files_per_split, hi - lo)  # an empty split gets no files
         for i in range(k):
             a, b = lo + (hi - lo) * i // k, lo + (hi - lo) * (i + 1) // k
-            tasks.append((cfg, str(out / split / f"part-{i:05d}.libsvm"), a, b))
+            suffix = ".libsvm" if cfg.schema() is None else ".tfrecord"
+            tasks.append((cfg, str(out / split / f"part-{i:05d}{suffix}"), a, b))
             owners.append(split)
     try:
         results = list(run_tasks(_write_file, tasks, processes or os.cpu_count() or 1, "synth",
@@ -198,9 +275,12 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
         mine = [r for r, o in zip(results, owners) if o == split]
         labels = np.concatenate([r[1] for r in mine] or [np.zeros(0, np.float32)])
         probs = np.concatenate([r[2] for r in mine] or [np.zeros(0)])
-        m = Manifest(format="libsvm", field_size=summary["field_size"],
+        schema = cfg.schema()
+        m = Manifest(format="libsvm" if schema is None else "tfrecord",
+                     field_size=summary["field_size"],
                      feature_size=cfg.feature_size, files=[r[0] for r in mine],
-                     positives=int(labels.sum()), extra={"synth_split": split})
+                     positives=int(labels.sum()), extra={"synth_split": split},
+                     fields=None if schema is None else schema.to_json())
         m.write(out / split)
         summary["splits"][split] = {"rows": int(labels.size)}
         if labels.size:

@@ -116,6 +116,53 @@ def encode_examples(rows: Rows) -> list[bytes]:
     return [data[s:e] for s, e in zip([0] + ends[:-1], ends)]
 
 
+def encode_field_examples(rows, schema) -> list[bytes]:
+    """Serialized tf.train.Example bytes of each row of a declared schema (data/schema.py):
+    one feature per field, under its name. Row by row (a bag's length varies), with each
+    field's fixed bytes made once."""
+    from .schema import WEIGHTS_SUFFIX
+    n = len(rows)
+    if n == 0:
+        return []
+    parts: list[list[bytes]] = [[] for _ in range(n)]
+    label_head = _feature_entry_header("label", _FLOAT_LIST, 4)
+    for i, b in enumerate(rows.labels.astype("<f4").tobytes()[j:j + 4] for j in range(0, 4 * n, 4)):
+        parts[i].append(label_head + b)
+    for f in schema.fields:
+        col = rows.columns[f.name]
+        if f.kind == "numeric":
+            head = _feature_entry_header(f.name, _FLOAT_LIST, 4)
+            data = np.asarray(col, "<f4").tobytes()
+            for i in range(n):
+                parts[i].append(head + data[4 * i:4 * i + 4])
+        elif f.kind == "categorical":
+            heads: dict[int, bytes] = {}
+            for i, v in enumerate(np.asarray(col, np.int64).tolist()):
+                b = _varint(v)
+                h = heads.get(len(b)) or heads.setdefault(
+                    len(b), _feature_entry_header(f.name, _INT64_LIST, len(b)))
+                parts[i].append(h + b)
+        else:
+            lengths, ids, weights = col
+            ends = np.cumsum(lengths).tolist()
+            ids = np.asarray(ids, np.int64).tolist()
+            wdata = np.asarray(weights, "<f4").tobytes() if f.weighted else b""
+            start = 0
+            for i, end in enumerate(ends):
+                b = b"".join(_varint(v) for v in ids[start:end])
+                parts[i].append(_feature_entry_header(f.name, _INT64_LIST, len(b)) + b)
+                if f.weighted:
+                    w = wdata[4 * start:4 * end]
+                    parts[i].append(_feature_entry_header(f.name + WEIGHTS_SUFFIX, _FLOAT_LIST,
+                                                          len(w)) + w)
+                start = end
+    out = []
+    for p in parts:
+        body = b"".join(p)
+        out.append(_field(0x0A, len(body)) + body)
+    return out
+
+
 def frame_records(records: list) -> bytes:
     """TFRecord framing: u64 length, masked crc of length, data, masked crc of data."""
     parts = []
@@ -147,9 +194,12 @@ class ShardWriter:
         self._out = gzip.GzipFile(fileobj=self._stream, mode="wb", compresslevel=6, mtime=0) \
             if compression == "gzip" else self._stream
 
-    def write_rows(self, rows: Rows) -> None:
+    def write_rows(self, rows: Rows, schema=None) -> None:
+        """Rows of the fixed schema, or FieldRows of a declared `schema`."""
         if len(rows):
-            self._out.write(frame_records(encode_examples(rows)))
+            records = encode_examples(rows) if schema is None else \
+                encode_field_examples(rows, schema)
+            self._out.write(frame_records(records))
             self.records += len(rows)
 
     def commit(self) -> tuple[int, int, str]:
@@ -201,10 +251,23 @@ def tf_compression(compression: str | None) -> str:
 def read_rows(path: str, field_size: int, compression: str | None = None, batch: int = 20_000):
     """Yields Rows blocks of one TFRecord file with TensorFlow's reader. A truncated or corrupt
     file, or an Example of the wrong shape, raises DataError naming the exact record."""
+    for b in _parsed_blocks(path, feature_spec(field_size), compression, batch,
+                            "label[1], ids/values[field_size]"):
+        yield Rows(b["label"].numpy()[:, 0], b["ids"].numpy(), b["values"].numpy())
+
+
+def read_field_blocks(path: str, schema, compression: str | None = None, batch: int = 20_000):
+    """Yields blocks of a declared schema's file (data/schema.py) as parsed by TensorFlow:
+    {feature name: Tensor or RaggedTensor}; errors as read_rows's."""
+    from .schema import feature_spec as fields_spec
+    yield from _parsed_blocks(path, fields_spec(schema), compression, batch,
+                              "the manifest's declared fields")
+
+
+def _parsed_blocks(path, spec, compression, batch, schema_desc):
     import tensorflow as tf
 
     from ..errors import DataError
-    spec = feature_spec(field_size)
     ds = tf.data.TFRecordDataset(path, compression_type=tf_compression(compression))
     done = 0
     it = iter(ds.batch(batch).map(lambda s: tf.io.parse_example(s, spec)))
@@ -214,14 +277,14 @@ def read_rows(path: str, field_size: int, compression: str | None = None, batch:
         except StopIteration:
             return
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            index, reason = _scan_records(ds, done, spec)
+            index, reason = _scan_records(ds, done, spec, schema_desc)
             raise DataError(reason, path=path, record=index) from e
         n = int(b["label"].shape[0])
-        yield Rows(b["label"].numpy()[:, 0], b["ids"].numpy(), b["values"].numpy())
+        yield b
         done += n
 
 
-def _scan_records(ds, start: int, spec):
+def _scan_records(ds, start: int, spec, schema_desc: str):
     """(index, message) of the first record at or after `start` that cannot be read/parsed."""
     import tensorflow as tf
     i = start
@@ -237,5 +300,5 @@ def _scan_records(ds, start: int, spec):
             tf.io.parse_single_example(s, spec)
         except tf.errors.InvalidArgumentError as e:
             msg = e.message.splitlines()[0] if e.message else str(e)
-            return i, f"Example does not match the schema (label[1], ids/values[field_size]): {msg}"
+            return i, f"Example does not match the schema ({schema_desc}): {msg}"
         i += 1

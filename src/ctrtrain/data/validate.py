@@ -58,17 +58,21 @@ def _check_rows(path: str, m):
     n, bad = 0, []
     for rows, errors in file_rows(path, fmt=m.format, field_size=m.field_size,
                                   feature_size=m.feature_size, compression=m.compression,
-                                  label_format=m.label_format):
+                                  label_format=m.label_format, schema=m.schema):
         n += len(rows)
         bad += errors
     return n, bad
 
 
 def file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
-              compression: str | None, label_format: str = "01"):
+              compression: str | None, label_format: str = "01", schema=None):
     """Yields (Rows of the good rows, [DataError per bad row]) block by block: labels 0/1,
     ids in [0, feature_size) (only >= 0 when None), finite values. A file that cannot be read
-    on (a corrupt or cut TFRecord) raises a DataError naming the record."""
+    on (a corrupt or cut TFRecord) raises a DataError naming the record. With declared fields
+    (`schema`), the good rows are FieldRows of their labels only."""
+    if schema is not None:
+        yield from _declared_rows(path, schema, feature_size, compression)
+        return
     if fmt == "libsvm":
         seg = Segment(path, 0, count_lines(path), 0)
         for first, text in read_line_blocks(seg, 50_000):
@@ -97,15 +101,62 @@ def file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
         n += len(rows)
 
 
+def _declared_rows(path: str, schema, feature_size: int | None, compression: str | None):
+    """file_rows of a declared schema: each row's label, every id of its categorical and
+    multi_hot fields, its numeric values and bag weights (one finite weight per id)."""
+    from .schema import WEIGHTS_SUFFIX, FieldRows
+    from .tfrecord import read_field_blocks
+    top = feature_size if feature_size is not None else np.iinfo(np.int64).max
+    n = 0
+    for b in read_field_blocks(path, schema, compression):
+        labels = b["label"].numpy()[:, 0]
+        why = [None] * len(labels)
+
+        def flag(rows, what):
+            for i in np.flatnonzero(rows):
+                why[i] = why[i] or what(int(i))
+        flag(~np.isin(labels, (0, 1)), lambda i: f"label {labels[i]:g} is not 0 or 1")
+        for f in schema.fields:
+            if f.kind == "numeric":
+                x = b[f.name].numpy()[:, 0]
+                flag(~np.isfinite(x), lambda i, f=f, x=x: f"{f.name} {x[i]} is not finite")
+                continue
+            v = b[f.name]
+            if f.kind == "categorical":
+                ids, owner = v.numpy()[:, 0], np.arange(len(labels))
+            else:
+                ids, owner = v.flat_values.numpy(), v.value_rowids().numpy()
+            out = (ids < 0) | (ids >= top)
+            first = {}
+            for j in np.flatnonzero(out)[::-1]:
+                first[int(owner[j])] = int(ids[j])
+            flag(np.isin(np.arange(len(labels)), list(first)),
+                 lambda i, f=f, first=first: f"id {first[i]} of {f.name} is outside "
+                                             f"[0, {feature_size})")
+            if f.kind == "multi_hot" and f.weighted:
+                w = b[f.name + WEIGHTS_SUFFIX]
+                flag(w.row_lengths().numpy() != v.row_lengths().numpy(),
+                     lambda i, f=f: f"{f.name}{WEIGHTS_SUFFIX} does not have one weight per "
+                                    f"id of {f.name}")
+                rows_bad = np.zeros(len(labels), bool)
+                rows_bad[w.value_rowids().numpy()[~np.isfinite(w.flat_values.numpy())]] = True
+                flag(rows_bad, lambda i, f=f: f"a weight of {f.name} is not finite")
+        ok = np.array([w is None for w in why], bool)
+        bad = [DataError(w, path=path, record=n + i) for i, w in enumerate(why) if w]
+        yield FieldRows(labels[ok], {}), bad
+        n += len(labels)
+
+
 def first_bad_record(paths: list[str], *, fmt: str, field_size: int, feature_size: int | None,
-                     compression: str | None = None, label_format: str = "01") -> DataError | None:
+                     compression: str | None = None, label_format: str = "01",
+                     schema=None) -> DataError | None:
     """The first record of these files that training or prediction cannot use (as a
     DataError naming file and record or line), or None."""
     for path in paths:
         try:
             for _, bad in file_rows(path, fmt=fmt, field_size=field_size,
                                     feature_size=feature_size, compression=compression,
-                                    label_format=label_format):
+                                    label_format=label_format, schema=schema):
                 if bad:
                     return bad[0]
         except DataError as e:
@@ -115,7 +166,8 @@ def first_bad_record(paths: list[str], *, fmt: str, field_size: int, feature_siz
 
 def describe(data_dir) -> str:
     m = read_manifest(data_dir, check=False)
-    lines = [f"{Path(data_dir)}: {m.format}" + (f" ({m.compression})" if m.compression else ""),
+    lines = [f"{Path(data_dir)}: {m.format}" + (f" ({m.compression})" if m.compression else "")
+             + (", declared fields" if m.fields else ""),
              f"  records {m.records:,}  positives {m.positives:,} "
              f"({m.positives / max(m.records, 1):.1%})",
              f"  field_size {m.field_size}  feature_size {m.feature_size:,}",

@@ -44,6 +44,40 @@ def parse_tfrecord_batch(serialized, field_size: int):
     return {"label": f["label"][:, 0], "ids": f["ids"], "values": f["values"]}
 
 
+def parse_fields_batch(serialized, schema):
+    """A batch of a declared schema's Examples (data/schema.py) in the batch layout
+    documented there: categorical ids [B, C] (values 1), numeric [B, N], every bag cut to its
+    max_len and padded with -1 ids and 0 weights into bag_ids / bag_weights [B, sum max_len]."""
+    from ..data.schema import WEIGHTS_SUFFIX
+    from ..data.schema import feature_spec as fields_spec
+    f = tf.io.parse_example(serialized, fields_spec(schema))
+    rows = tf.shape(serialized, out_type=tf.int64)[:1]
+    out = {"label": f["label"][:, 0]}
+    cat = [f[c.name] for c in schema.of("categorical")]
+    out["ids"] = tf.concat(cat, 1) if cat else tf.zeros(tf.concat([rows, [0]], 0), tf.int64)
+    out["values"] = tf.ones_like(out["ids"], tf.float32)
+    if schema.of("numeric"):
+        out["numeric"] = tf.concat([f[c.name] for c in schema.of("numeric")], 1)
+    bags = schema.of("multi_hot")
+    if bags:
+        ids, weights = [], []
+        for b in bags:
+            bag = f[b.name]
+            if b.weighted:
+                w = f[b.name + WEIGHTS_SUFFIX]
+                tf.debugging.assert_equal(
+                    bag.row_lengths(), w.row_lengths(),
+                    message=f"ctrtrain: a record's {b.name}{WEIGHTS_SUFFIX} does not have one "
+                            f"weight per id of {b.name}")
+            else:
+                w = tf.ones_like(bag, tf.float32)
+            ids.append(bag[:, :b.max_len].to_tensor(-1, shape=[None, b.max_len]))
+            weights.append(w[:, :b.max_len].to_tensor(0.0, shape=[None, b.max_len]))
+        out["bag_ids"] = tf.concat(ids, 1)
+        out["bag_weights"] = tf.concat(weights, 1)
+    return out
+
+
 def parse_libsvm_batch(lines, field_size: int, label_format: str = "01"):
     """Vectorized libsvm parse of a batch of lines (tf.strings; dense before slicing)."""
     tokens = tf.strings.split(tf.strings.strip(lines))
@@ -73,20 +107,25 @@ def check_batch(b, feature_size: int):
     ok = tf.reduce_all((b["label"] == 0.0) | (b["label"] == 1.0)) \
         & tf.reduce_all((b["ids"] >= 0) & (b["ids"] < feature_size)) \
         & tf.reduce_all(tf.math.is_finite(b["values"]))
+    if "numeric" in b:
+        ok &= tf.reduce_all(tf.math.is_finite(b["numeric"]))
+    if "bag_ids" in b:    # -1: a bag's padding
+        ok &= tf.reduce_all((b["bag_ids"] >= -1) & (b["bag_ids"] < feature_size)) \
+            & tf.reduce_all(tf.math.is_finite(b["bag_weights"]))
     with tf.control_dependencies([tf.debugging.Assert(ok, [BAD_BATCH])]):
         return {k: tf.identity(v) for k, v in b.items()}
 
 
 def explain_error(e: Exception, paths: list[str], *, fmt: str, field_size: int,
                   feature_size: int | None, compression: str | None = None,
-                  label_format: str = "01", what: str = "data"):
+                  label_format: str = "01", what: str = "data", schema=None):
     """A DataError naming the file and record (or line) behind a read error of TensorFlow's
     (a corrupt or cut TFRecord, a record outside the schema, a bad label or id), found by
     scanning the files; if none is found, the error as TensorFlow said it."""
     from ..data.validate import first_bad_record
     from ..errors import DataError
     found = first_bad_record(paths, fmt=fmt, field_size=field_size, feature_size=feature_size,
-                             compression=compression, label_format=label_format)
+                             compression=compression, label_format=label_format, schema=schema)
     if found is not None:
         return found
     msg = getattr(e, "message", str(e)).strip().splitlines()[0] if str(e).strip() else repr(e)
@@ -97,8 +136,10 @@ def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
                  compression: str | None = None, cfg: PipelineConfig = PipelineConfig(),
                  file_shard: tuple[int, int] | None = None,
                  record_shard: tuple[int, int] | None = None,
-                 skip_batches: int = 0, training: bool = True) -> tf.data.Dataset:
-    """Batches of {"label": [B], "ids": [B, F], "values": [B, F]} from files.
+                 skip_batches: int = 0, training: bool = True,
+                 schema=None) -> tf.data.Dataset:
+    """Batches of {"label": [B], "ids": [B, F], "values": [B, F]} from files (with a declared
+    `schema`, data/schema.py: its batch layout).
     `file_shard`/`record_shard` = (count, index): this reader's part of the data (decided by
     the sharding policy, not here). Evaluation (`training=False`) keeps file order, does not
     shuffle or repeat, and keeps the last partial batch."""
@@ -119,24 +160,25 @@ def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
                        num_parallel_calls=AUTOTUNE if training else None, deterministic=True) \
         if training else ds.flat_map(read)
     return batches(ds, field_size, fmt=fmt, cfg=cfg, record_shard=record_shard,
-                   skip_batches=skip_batches, training=training)
+                   skip_batches=skip_batches, training=training, schema=schema)
 
 
 def make_pipe_dataset(fifo_prefix: str, field_size: int, *, fmt: str = "tfrecord",
                       cfg: PipelineConfig = PipelineConfig(),
                       record_shard: tuple[int, int] | None = None,
-                      skip_batches: int = 0) -> tf.data.Dataset:
+                      skip_batches: int = 0, schema=None) -> tf.data.Dataset:
     """Training batches from a Pipe channel (FIFOs `<fifo_prefix>_<epoch>`): every epoch the
     feeder streams, once (no cache, no repeat), ending with the stream."""
     from .pipe import pipe_records
     cfg = dataclasses.replace(cfg, cache=False, epochs=1)
     return batches(pipe_records(fifo_prefix, fmt), field_size, fmt=fmt, cfg=cfg,
-                   record_shard=record_shard, skip_batches=skip_batches, training=True)
+                   record_shard=record_shard, skip_batches=skip_batches, training=True,
+                   schema=schema)
 
 
 def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConfig,
             record_shard: tuple[int, int] | None, skip_batches: int,
-            training: bool) -> tf.data.Dataset:
+            training: bool, schema=None) -> tf.data.Dataset:
     """Serialized records (or libsvm lines) -> parsed batches, in the order documented above."""
     if record_shard:
         ds = ds.shard(*record_shard)
@@ -146,8 +188,15 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
         if cfg.shuffle_buffer:
             ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
         ds = ds.repeat(cfg.epochs)
-    parse = (lambda s: parse_tfrecord_batch(s, field_size)) if fmt == "tfrecord" else \
-        (lambda s: parse_libsvm_batch(s, field_size, cfg.label_format))
+    if schema is not None:
+        def parse(s):
+            return parse_fields_batch(s, schema)
+    elif fmt == "tfrecord":
+        def parse(s):
+            return parse_tfrecord_batch(s, field_size)
+    else:
+        def parse(s):
+            return parse_libsvm_batch(s, field_size, cfg.label_format)
     if cfg.parse == "scalar":
         # One record at a time (a batch of one), then batch the parsed tensors.
         ds = ds.map(lambda s: {k: v[0] for k, v in parse(tf.reshape(s, [1])).items()},
@@ -172,4 +221,4 @@ def dataset_from_dir(data_dir, cfg: PipelineConfig = PipelineConfig(), **kwargs)
     if m.format == "libsvm":
         cfg = dataclasses.replace(cfg, label_format=m.label_format)
     return make_dataset(m.paths(root), m.field_size, fmt=m.format, compression=m.compression,
-                        cfg=cfg, **kwargs), m
+                        cfg=cfg, schema=m.schema, **kwargs), m

@@ -18,6 +18,14 @@ Nothing slices the [B, F, 1 + k] block by column (the gradients of such slices c
 the FM itself): the first-order and FM terms slice the small per-example sums [B, 1 + k], and
 the MLP reads the whole block through a first kernel whose rows facing column 0 (w) are held at
 zero by a constant mask, so the deep part sees exactly the embeddings, as in DeepFM.
+
+Declared fields (data/schema.py) enter the same block, one slot per field:
+  - a numeric field is a row of its own (after the data's ids: feature_size + j) scaled by its
+    value, as the paper's dense features (and the fixed schema's value per id) are;
+  - a multi_hot field is the pooled sum of its ids' rows times their weights (divided by the
+    weights' sum for `mean`, by the root of their squares' sum for `sqrtn`; 0 for an empty
+    bag): one field of the FM, first-order weight included. Its ids join the batch's one
+    de-duplication, so a bag costs O(its ids), and the padding (-1) is never looked up.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ class DeepFMConfig:
     xla: bool = False             # XLA-compile the MLP (the sparse part has dynamic shapes)
     seed: int = 0
     initial_bias: float = 0.0     # the output bias at the start: logit of the positive rate
+    numeric_fields: int = 0       # declared numeric fields: rows feature_size .. + this
+    bags: tuple[tuple[int, str], ...] = ()   # (max_len, pooling) of each multi_hot field
 
     def rates(self) -> tuple[float, ...]:
         d = self.dropout
@@ -59,9 +69,13 @@ class DeepFM(tf.Module):
         self.cfg = cfg
         k = cfg.embedding_size
         init_v = tf.random_normal_initializer(0.0, 0.01, seed=cfg.seed)
+        rows = cfg.feature_size + cfg.numeric_fields
         self.table = tf.Variable(
-            lambda: tf.concat([tf.zeros([cfg.feature_size, 1]), init_v([cfg.feature_size, k])], 1),
-            name="fm_table", shape=(cfg.feature_size, 1 + k), dtype=tf.float32)
+            lambda: tf.concat([tf.zeros([rows, 1]), init_v([rows, k])], 1),
+            name="fm_table", shape=(rows, 1 + k), dtype=tf.float32)
+        # The bag (multi_hot field) each column of bag_ids belongs to.
+        self.bag_of_column = tf.constant(
+            [j for j, (max_len, _) in enumerate(cfg.bags) for _ in range(max_len)], tf.int64)
         # Starting at the data's base rate, early steps are calibrated on rare-positive data
         # instead of spending themselves on moving the bias from 0.5.
         self.bias = tf.Variable(float(cfg.initial_bias), name="bias")
@@ -91,30 +105,70 @@ class DeepFM(tf.Module):
         bn = [v for b in self.bn for v in (b.gamma, b.beta)]
         return [v for var in [self.bias] + self.kernels + self.biases + bn for v in shards(var)]
 
-    def __call__(self, ids, values, training: bool = False, row_correction=None):
-        """Returns (logits [B], the MLP kernels' L2 penalty). `row_correction(table, rows)`:
-        the optimizer's offset of stored rows from their current values (a catch-up optimizer
-        applies skipped steps only when a row is next updated), read without gradient."""
+    def __call__(self, features, training: bool = False, row_correction=None):
+        """Returns (logits [B], the MLP kernels' L2 penalty) of a batch's features (ids,
+        values; with declared fields also numeric, bag_ids, bag_weights: data/schema.py).
+        `row_correction(table, rows)`: the optimizer's offset of stored rows from their
+        current values (a catch-up optimizer applies skipped steps only when a row is next
+        updated), read without gradient."""
         cfg = self.cfg
-        x = tf.expand_dims(values, -1)                                   # [B, F, 1]
-        distinct, where = tf.unique(tf.reshape(ids, [-1]))
+        k1 = 1 + cfg.embedding_size
+        ids, values = features["ids"], features["values"]
+        if cfg.numeric_fields:
+            numeric = features["numeric"]
+            rows_of_numeric = tf.range(cfg.feature_size, cfg.feature_size + cfg.numeric_fields,
+                                       dtype=ids.dtype)
+            ids = tf.concat([ids, tf.zeros_like(numeric, ids.dtype) + rows_of_numeric], 1)
+            values = tf.concat([values, numeric], 1)
+        single = tf.reshape(ids, [-1])
+        if cfg.bags:
+            bag_ids = features["bag_ids"]
+            held = tf.where(bag_ids >= 0)                                 # [V, 2] (row, column)
+            lookup = tf.concat([single, tf.gather_nd(bag_ids, held)], 0)
+        else:
+            lookup = single
+        distinct, where = tf.unique(lookup)
         table_rows = tf.nn.embedding_lookup(self.table, distinct)        # [U, 1 + k]
         if row_correction is not None and isinstance(self.table, tf.Variable):
             offset = row_correction(self.table, distinct, stored=table_rows)
             if offset is not None:
                 table_rows = table_rows - tf.stop_gradient(offset)
-        rows = tf.reshape(tf.gather(table_rows, where), [-1, cfg.field_size, 1 + cfg.embedding_size])
-        scaled = rows * x                                                # [B, F, 1 + k]
+        n_single = tf.size(single) if cfg.bags else None
+        rows = tf.reshape(tf.gather(table_rows, where[:n_single] if cfg.bags else where),
+                          [-1, ids.shape[1], k1])
+        scaled = rows * tf.expand_dims(values, -1)                       # [B, S, 1 + k]
+        if cfg.bags:
+            scaled = tf.concat([scaled, self._pooled(features["bag_weights"], held,
+                                                     tf.gather(table_rows, where[n_single:]),
+                                                     tf.shape(ids, out_type=tf.int64)[0])], 1)
         summed = tf.reduce_sum(scaled, 1)                                # [B, 1 + k]
         first = summed[:, 0]
         fm = 0.5 * tf.reduce_sum((tf.square(summed) - tf.reduce_sum(tf.square(scaled), 1))[:, 1:], 1)
-        deep = self._mlp(tf.reshape(scaled, [-1, cfg.field_size * (1 + cfg.embedding_size)]), training)
+        deep = self._mlp(tf.reshape(scaled, [-1, cfg.field_size * k1]), training)
         logits = self.bias + first + fm + deep
         l2 = 0.0
         if cfg.l2_dense:
             l2 = cfg.l2_dense * tf.add_n([tf.nn.l2_loss(k) for k in self.kernels])
         return logits, l2
 
+
+    def _pooled(self, bag_weights, held, held_rows, batch):
+        """[B, bags, 1 + k]: each bag's rows (one per held id, `held` its (row, column))
+        weighted and pooled as the field declares."""
+        n_bags = len(self.cfg.bags)
+        w = tf.gather_nd(bag_weights, held)                               # [V]
+        segment = held[:, 0] * n_bags + tf.gather(self.bag_of_column, held[:, 1])
+        pooled = tf.math.unsorted_segment_sum(held_rows * w[:, None], segment, batch * n_bags)
+        poolings = [p for _, p in self.cfg.bags]
+        if any(p != "sum" for p in poolings):
+            wsum = tf.math.unsorted_segment_sum(w, segment, batch * n_bags)
+            sqsum = tf.math.unsorted_segment_sum(tf.square(w), segment, batch * n_bags)
+            norm = {"sum": None, "mean": 0, "sqrtn": 1}
+            by_bag = tf.constant([norm[p] if norm[p] is not None else -1 for p in poolings])
+            kind = tf.tile(by_bag, tf.reshape(tf.cast(batch, tf.int32), [1]))
+            denom = tf.where(kind == 0, wsum, tf.where(kind == 1, tf.sqrt(sqsum), 1.0))
+            pooled = tf.math.divide_no_nan(pooled, denom[:, None])
+        return tf.reshape(pooled, [-1, n_bags, 1 + self.cfg.embedding_size])
 
     def _mlp_eager(self, h, training: bool):
         cfg = self.cfg

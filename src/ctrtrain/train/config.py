@@ -405,8 +405,9 @@ def optimizer_params(cfg: TrainConfig) -> dict:
 
 
 def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
-                 positive_rate: float | None = None):
-    """`positive_rate`: the training data's (manifest), for output_bias prior."""
+                 positive_rate: float | None = None, schema=None):
+    """`positive_rate`: the training data's (manifest), for output_bias prior; `schema`: its
+    declared fields (data/schema.py), None for the fixed schema."""
     from ..models.deepfm import DeepFMConfig
     l2d = cfg.l2_reg if cfg.l2_dense is None else cfg.l2_dense
     bias = 0.0
@@ -415,4 +416,7 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
     return DeepFMConfig(feature_size, field_size, cfg.embedding_size, tuple(cfg.deep_layers),
                         cfg.dropout_rates, cfg.batch_norm, l2_dense=l2d,
                         mixed_precision=cfg.mixed_precision, xla=cfg.xla, seed=cfg.seed,
-                        initial_bias=bias)
+                        initial_bias=bias,
+                        numeric_fields=len(schema.of("numeric")) if schema else 0,
+                        bags=tuple((f.max_len, f.pooling) for f in schema.of("multi_hot"))
+                        if schema else ())

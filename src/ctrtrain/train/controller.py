@@ -223,6 +223,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
         result["export"] = export_saved_model(
             trainer.model, md / "export", outcome.step,
             {"field_size": manifest.field_size, "feature_size": feature_size,
+             **({"fields": manifest.fields} if manifest.fields else {}),
              "step": outcome.step, "test": result["test"], "mode": cfg.mode}, vocab)
         log.event("export", step=outcome.step, path=result["export"])
     clock.lap("export")

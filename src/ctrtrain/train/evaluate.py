@@ -16,7 +16,7 @@ def predict_probs(predict_fn, dataset, max_batches: int | None = None):
     for i, b in enumerate(dataset):
         if max_batches is not None and i >= max_batches:
             break
-        probs.append(predict_fn(b["ids"], b["values"]).numpy())
+        probs.append(predict_fn(features(b)).numpy())
         labels.append(b["label"].numpy())
         heartbeat.beat()
     if not labels:
@@ -30,10 +30,15 @@ def evaluate(predict_fn, dataset) -> dict:
             "positive_rate": float(y.mean()) if y.size else float("nan")}
 
 
+def features(batch: dict) -> dict:
+    """A parsed batch without its label: what a model and the serving signature take."""
+    return {k: v for k, v in batch.items() if k != "label"}
+
+
 def make_predict_fn(model):
     @tf.function(reduce_retracing=True)
-    def predict(ids, values):
-        logits, _ = model(ids, values, training=False)
+    def predict(features):
+        logits, _ = model(features, training=False)
         return tf.sigmoid(logits)
     return predict
 
@@ -54,7 +59,7 @@ def evaluate_split(split_dir, name: str, predict, log, step: int, feature_size: 
         raise explain_error(e, source_files(split_dir), fmt=m.format, field_size=m.field_size,
                             feature_size=feature_size or m.feature_size,
                             compression=m.compression, label_format=m.label_format,
-                            what=f"{name} split") from None
+                            what=f"{name} split", schema=m.schema) from None
     heartbeat.beat(force=True)
     r = {"auc": roc_auc(y, p), "logloss": logloss(y, p), "examples": int(y.size),
          "positive_rate": float(y.mean()) if y.size else float("nan")}

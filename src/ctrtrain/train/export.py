@@ -1,4 +1,7 @@
-"""SavedModel export with a serving signature (ids, values) -> prob, loadable by TF Serving."""
+"""SavedModel export with a serving signature (ids, values) -> prob, loadable by TF Serving.
+With declared fields (data/schema.py) the signature also takes numeric [None, numeric
+fields] and bag_ids / bag_weights [None, sum of the bags' max_len] (-1 ids and 0 weights pad a
+bag), the batch layout training reads."""
 
 from __future__ import annotations
 
@@ -15,15 +18,23 @@ VOCAB = "vocab.json"
 
 
 class _Serving(tf.Module):
-    def __init__(self, model, field_size: int):
+    def __init__(self, model):
         super().__init__()
         self.model = model
-        spec = [tf.TensorSpec([None, field_size], tf.int64, name="ids"),
-                tf.TensorSpec([None, field_size], tf.float32, name="values")]
+        cfg = model.cfg
+        single = cfg.field_size - cfg.numeric_fields - len(cfg.bags)
+        spec = {"ids": tf.TensorSpec([None, single], tf.int64, name="ids"),
+                "values": tf.TensorSpec([None, single], tf.float32, name="values")}
+        if cfg.numeric_fields:
+            spec["numeric"] = tf.TensorSpec([None, cfg.numeric_fields], tf.float32, name="numeric")
+        if cfg.bags:
+            width = sum(n for n, _ in cfg.bags)
+            spec["bag_ids"] = tf.TensorSpec([None, width], tf.int64, name="bag_ids")
+            spec["bag_weights"] = tf.TensorSpec([None, width], tf.float32, name="bag_weights")
 
-        @tf.function(input_signature=spec)
-        def serve(ids, values):
-            logits, _ = self.model(ids, values, training=False)
+        @tf.function(input_signature=[spec])
+        def serve(features):
+            logits, _ = self.model(features, training=False)
             return {"prob": tf.sigmoid(logits)}
         self.serve = serve
 
@@ -34,7 +45,7 @@ def export_saved_model(model, export_base, version: int, info: dict,
     final = Path(export_base) / str(version)
     tmp = Path(export_base) / f".{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    serving = _Serving(model, model.cfg.field_size)
+    serving = _Serving(model)
     try:
         tf.saved_model.save(serving, str(tmp), signatures={"serving_default": serving.serve})
     except tf.errors.OpError as e:

@@ -31,6 +31,9 @@ def check_data(cfg: TrainConfig):
     for other in (cfg.valid_dir, cfg.test_dir):
         if other:
             o, root = resolve_source(other)
+            if o.fields != m.fields:
+                raise DataError("declares other fields than the training data (the manifests' "
+                                "`fields`)", path=describe_source(other))
             if o.field_size != m.field_size:
                 raise DataError(f"field_size {o.field_size} does not match the training data's "
                                 f"{m.field_size}", path=describe_source(other))
@@ -82,13 +85,14 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     if cfg.input_mode == "Pipe":
         ds = make_pipe_dataset(cfg.train_dir, m.field_size, fmt=m.format, cfg=pcfg,
                                record_shard=plan.record_shard if plan else None,
-                               skip_batches=skip_batches)
+                               skip_batches=skip_batches, schema=m.schema)
     else:
         ds = make_dataset(source_files(cfg.train_dir), m.field_size, fmt=m.format,
                           compression=m.compression, cfg=pcfg,
                           file_shard=plan.file_shard if plan else None,
                           record_shard=plan.record_shard if plan else None,
-                          skip_batches=0 if cfg.data_service else skip_batches)
+                          skip_batches=0 if cfg.data_service else skip_batches,
+                          schema=m.schema)
     if cfg.data_service:
         # The whole pipeline (read, shuffle, batch, parse) runs on the data-service workers;
         # every training process of the job joins one shared job.
@@ -112,7 +116,7 @@ def train_read_error(e, cfg: TrainConfig, m, feature_size: int):
                          path=cfg.train_dir)
     return explain_error(e, source_files(cfg.train_dir), fmt=m.format, field_size=m.field_size,
                          feature_size=feature_size, compression=m.compression,
-                         label_format=m.label_format, what="training data")
+                         label_format=m.label_format, what="training data", schema=m.schema)
 
 
 def planned_steps(cfg: TrainConfig, records: int, global_batch: int, batch_desc: str) -> int:

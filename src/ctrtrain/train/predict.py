@@ -17,7 +17,8 @@ from .export import EXTRA, INFO, VOCAB, latest_export
 
 def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, vocab: str | None,
             has_label: bool, batch: int):
-    """Yields (labels or None, ids, values) blocks in input order."""
+    """Yields (labels or None, features) blocks in input order: features as the serving
+    signature takes them (ids, values; with declared fields numeric, bag_ids, bag_weights)."""
     if input_format == "auto":
         from ..data.index import detect_format
         first = inputs[0]
@@ -35,32 +36,41 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
         from ..input.pipeline import PipelineConfig, dataset_from_dir, explain_error, make_dataset
         # Checked batches: a label other than 0/1, an id outside the model's table or a
         # value that is not finite is named (file, record), not predicted from.
+        from ..data.schema import Schema
         pcfg = PipelineConfig(batch_size=batch, feature_size=info["feature_size"])
+        declared = info.get("fields")
+        schema = Schema.from_json(declared) if declared else None
         if input_format == "dir":
             if len(inputs) != 1:
                 raise DataError("give one data directory, or files", path=", ".join(inputs))
             ds, m = dataset_from_dir(inputs[0], pcfg, training=False)
             field_size, paths, comp, fmt, labels = (m.field_size, m.paths(inputs[0]),
                                                     m.compression, m.format, m.label_format)
+            if m.fields != declared:
+                raise DataError("the data declares other fields than the model was trained on "
+                                "(the manifest's `fields`)", path=inputs[0])
         else:
             from ..data.index import detect_format
             field_size, paths, fmt, labels = info["field_size"], inputs, input_format, "01"
             comp = detect_format(inputs[0])[1]
             ds = make_dataset(inputs, field_size, fmt=input_format, compression=comp, cfg=pcfg,
-                              training=False)
+                              training=False, schema=schema)
         if field_size != info["field_size"]:
             raise DataError(f"input has field_size {field_size}, the model expects "
                             f"{info['field_size']}", path=inputs[0])
         try:
             for b in ds:
-                yield b["label"].numpy(), b["ids"].numpy(), b["values"].numpy()
+                yield b["label"].numpy(), {k: v.numpy() for k, v in b.items() if k != "label"}
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
             raise explain_error(e, paths, fmt=fmt, field_size=field_size,
                                 feature_size=info["feature_size"], compression=comp,
-                                label_format=labels, what="input") from None
+                                label_format=labels, what="input", schema=schema) from None
         return
     if input_format != "raw":
         raise DataError(f"unknown input format {input_format!r}")
+    if info.get("fields"):
+        raise DataError("raw rows of declared fields are not read yet: give the model "
+                        "TFRecords made with its fields", path=inputs[0])
     from ..data.featurize import Vocabulary, featurize_file
     vocab_path = vocab or os.path.join(export_dir, EXTRA, VOCAB)
     if not os.path.exists(vocab_path):
@@ -70,8 +80,8 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
     for f in inputs:
         for rows in featurize_file(f, v, has_label=has_label):
             for a in range(0, len(rows), batch):
-                yield (rows.labels[a:a + batch] if has_label else None, rows.ids[a:a + batch],
-                       rows.values[a:a + batch])
+                yield (rows.labels[a:a + batch] if has_label else None,
+                       {"ids": rows.ids[a:a + batch], "values": rows.values[a:a + batch]})
 
 
 def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: str | None = None,
@@ -99,10 +109,9 @@ def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: 
         with open(tmp, "w") as out, bar(desc="predict", unit="rows") as pb:
             if out_format == "csv":
                 out.write("row,prob" + (",label" if has_label else "") + "\n")
-            for labels, ids, values in _blocks(inputs, info, export_dir, input_format, vocab,
-                                               has_label, batch):
-                probs = serve(ids=tf.constant(ids, tf.int64),
-                              values=tf.constant(values, tf.float32))["prob"].numpy()
+            for labels, features in _blocks(inputs, info, export_dir, input_format, vocab,
+                                            has_label, batch):
+                probs = serve(**{k: tf.constant(v) for k, v in features.items()})["prob"].numpy()
                 rows = np.arange(n, n + len(probs))
                 if out_format == "csv":
                     # Full float32 precision (9 significant digits): rounding makes ties

@@ -133,7 +133,7 @@ def train_parameter_server(cfg, threads) -> dict:
                            train_data=data_fingerprint(m))
     with strategy.scope():
         model, opt, replica_step, variables = build_training(
-            model_config(cfg, feature_size, m.field_size, positive_rate(m)), cfg.optimizer,
+            model_config(cfg, feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer,
             cfg.learning_rate,
             compile_step=False, optimizer_params=optimizer_params(cfg))
     slots = [s for d in opt.slots for s in d.values()]

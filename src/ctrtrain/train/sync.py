@@ -111,7 +111,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
     with rt.scope():
         model, opt, train_step, variables = build_training(
-            model_config(cfg, feature_size, m.field_size, positive_rate(m)), cfg.optimizer, lr, rt,
+            model_config(cfg, feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer, lr, rt,
             optimizer_params=optimizer_params(cfg))
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
     heartbeat.beat(force=True)

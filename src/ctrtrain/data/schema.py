@@ -1,0 +1,143 @@
+"""The fields a data set declares (its manifest's `fields`), and how their TFRecords look.
+
+Without a declaration a data set has today's fixed schema (DESIGN.md 3.1): `field_size`
+single ids, each with a value, stored as `ids`/`values` lists. With one, every field is a
+feature of its own in each tf.train.Example, under its name:
+
+    categorical  one id                        int64 list of 1
+    numeric      one float, fed as it is       float list of 1
+    multi_hot    0 .. max_len ids (a bag),     int64 list of any length (the first max_len
+                 pooled by sum, mean or sqrtn  are used); `<name>__w` float list of the same
+                 (optional weights)            length when `weighted`
+
+Parsed batches (input/pipeline.py) hold, besides `label`:
+    ids, values   [B, categorical fields]   (values 1)
+    numeric       [B, numeric fields]       (only when there are numeric fields)
+    bag_ids       [B, sum of max_len]       every multi_hot field padded to its max_len with
+    bag_weights   [B, sum of max_len]       -1 ids and weight 0, side by side, in field order
+so that every distribution mode carries dense tensors of static width, and a model pools a
+bag over the ids it really holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from ..errors import DataError
+
+KINDS = ("categorical", "numeric", "multi_hot")
+POOLINGS = ("sum", "mean", "sqrtn")
+WEIGHTS_SUFFIX = "__w"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+_RESERVED = {"label", "ids", "values"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str = "categorical"
+    max_len: int = 1           # multi_hot: ids used per row (more are cut, and counted)
+    pooling: str = "sum"       # multi_hot
+    weighted: bool = False     # multi_hot: a weight per id (`<name>__w`)
+
+    def to_json(self) -> dict:
+        d = {"name": self.name, "kind": self.kind}
+        if self.kind == "multi_hot":
+            d.update(max_len=self.max_len, pooling=self.pooling, weighted=self.weighted)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    fields: tuple[Field, ...]
+
+    def of(self, kind: str) -> list[Field]:
+        return [f for f in self.fields if f.kind == kind]
+
+    @property
+    def field_size(self) -> int:
+        """Fields of the model's FM: every declared field (a bag pools into one)."""
+        return len(self.fields)
+
+    @property
+    def bag_width(self) -> int:
+        return sum(f.max_len for f in self.of("multi_hot"))
+
+    def to_json(self) -> list[dict]:
+        return [f.to_json() for f in self.fields]
+
+    @classmethod
+    def from_json(cls, fields, where: str = "manifest") -> "Schema":
+        """The declaration as a manifest holds it, or a DataError naming the field entry
+        that is wrong."""
+        def bad(i, why):
+            return DataError(f"field declaration: {why}", path=where,
+                             field=f"fields[{i}]" if i is not None else "fields")
+        if not isinstance(fields, list) or not fields:
+            raise bad(None, "must be a non-empty list")
+        out, names = [], set()
+        for i, d in enumerate(fields):
+            if not isinstance(d, dict):
+                raise bad(i, "must be an object with name and kind")
+            unknown = set(d) - {"name", "kind", "max_len", "pooling", "weighted"}
+            if unknown:
+                raise bad(i, f"unknown key(s) {sorted(unknown)}")
+            name, kind = d.get("name"), d.get("kind", "categorical")
+            if not isinstance(name, str) or not _NAME.fullmatch(name) or name in _RESERVED \
+                    or name.endswith(WEIGHTS_SUFFIX):
+                raise bad(i, f"name {name!r} must be 1-64 letters, digits, '_', '.', '-' "
+                          f"(not {sorted(_RESERVED)}, not ending in {WEIGHTS_SUFFIX})")
+            if name in names:
+                raise bad(i, f"name {name!r} is declared twice")
+            names.add(name)
+            if kind not in KINDS:
+                raise bad(i, f"kind {kind!r} is not one of {', '.join(KINDS)}")
+            if kind != "multi_hot":
+                extra = {"max_len", "pooling", "weighted"} & set(d)
+                if extra:
+                    raise bad(i, f"{sorted(extra)} apply to multi_hot fields only")
+                out.append(Field(name, kind))
+                continue
+            max_len, pooling = d.get("max_len"), d.get("pooling", "sum")
+            weighted = d.get("weighted", False)
+            if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+                raise bad(i, f"a multi_hot field needs max_len, a positive integer "
+                          f"(not {max_len!r})")
+            if pooling not in POOLINGS:
+                raise bad(i, f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
+            if not isinstance(weighted, bool):
+                raise bad(i, "weighted must be true or false")
+            out.append(Field(name, kind, max_len, pooling, weighted))
+        return cls(tuple(out))
+
+
+def feature_spec(schema: Schema) -> dict:
+    """The parse spec of a declared schema's Examples; the one place it is written down."""
+    import tensorflow as tf
+    spec = {"label": tf.io.FixedLenFeature([1], tf.float32)}
+    for f in schema.fields:
+        if f.kind == "categorical":
+            spec[f.name] = tf.io.FixedLenFeature([1], tf.int64)
+        elif f.kind == "numeric":
+            spec[f.name] = tf.io.FixedLenFeature([1], tf.float32)
+        else:
+            spec[f.name] = tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64)
+            if f.weighted:
+                spec[f.name + WEIGHTS_SUFFIX] = tf.io.RaggedFeature(
+                    tf.float32, row_splits_dtype=tf.int64)
+    return spec
+
+
+@dataclasses.dataclass
+class FieldRows:
+    """A block of examples in a declared schema: per field, a column.
+    categorical: int64 [n]; numeric: float32 [n]; multi_hot: (lengths int64 [n], ids int64
+    [sum of lengths], weights float32 [same] or None), row after row."""
+    labels: np.ndarray
+    columns: dict
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])

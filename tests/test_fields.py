@@ -1,0 +1,246 @@
+"""Declared fields (data/schema.py): numeric and multi_hot fields beside categorical ones,
+from `data synth` through training, export and `ctrtrain predict`, in one process and under
+all-reduce; and what the previous release wrote still trains and predicts the same."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ctrtrain.data.schema import FieldRows, Schema
+from ctrtrain.errors import DataError
+
+DATA = Path(__file__).resolve().parent / "data"
+PREVIOUS = DATA / "previous_release"
+
+
+def ctrtrain(*args, cwd=None, timeout=600):
+    r = subprocess.run([sys.executable, "-m", "ctrtrain.cli", *map(str, args)], cwd=cwd,
+                       capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "CTRTRAIN_NO_PROGRESS": "1"})
+    return r
+
+
+def ok(*args, **kw):
+    r = ctrtrain(*args, **kw)
+    assert r.returncode == 0, f"{args}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def read_probs(path):
+    with open(path) as f:
+        return np.array([float(r["prob"]) for r in csv.DictReader(f)], np.float32)
+
+
+@pytest.fixture(scope="module")
+def declared(tmp_path_factory):
+    """Synthesized splits with 2 numeric, 5 categorical and 2 multi_hot fields (bags of 0 to
+    4 ids, an empty bag in one row of five)."""
+    out = tmp_path_factory.mktemp("declared") / "data"
+    ok("data", "synth", "--out", out, "--rows", 30_000, "--feature-size", 4_000, "--seed", 2,
+       "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
+       "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--files-per-split", 2, "--processes", 2)
+    return out
+
+
+def test_field_declarations_are_checked_by_name():
+    good = [{"name": "user", "kind": "categorical"},
+            {"name": "genres", "kind": "multi_hot", "max_len": 6, "pooling": "mean"},
+            {"name": "hour", "kind": "numeric"}]
+    s = Schema.from_json(good)
+    assert [f.kind for f in s.fields] == ["categorical", "multi_hot", "numeric"]
+    assert s.field_size == 3 and s.bag_width == 6
+    assert Schema.from_json(s.to_json()) == s
+    for fields, said in [
+            ([{"name": "genres", "kind": "multi_hot"}], "needs max_len"),
+            ([{"name": "g", "kind": "multi_hot", "max_len": 3, "pooling": "max"}], "pooling 'max'"),
+            ([{"name": "age", "kind": "float"}], "kind 'float'"),
+            ([{"name": "age", "kind": "numeric", "max_len": 2}], "multi_hot fields only"),
+            ([{"name": "a"}, {"name": "a"}], "declared twice"),
+            ([{"name": "label"}], "name 'label'"),
+            ([{"name": "g", "kind": "categorical", "bucket": 3}], "unknown key"),
+            ([], "non-empty list")]:
+        with pytest.raises(DataError) as e:
+            Schema.from_json(fields, where="m.json")
+        assert said in str(e.value) and "m.json" in str(e.value), (fields, str(e.value))
+
+
+def test_field_examples_round_trip_through_tensorflow():
+    """Written without TensorFlow, parsed by it into the batch layout the model reads: an
+    empty bag pads to -1, a bag longer than max_len is cut to it, weights travel with ids."""
+    import tensorflow as tf
+
+    from ctrtrain.data.tfrecord import encode_field_examples
+    from ctrtrain.input.pipeline import parse_fields_batch
+    s = Schema.from_json([{"name": "user"}, {"name": "hour", "kind": "numeric"},
+                          {"name": "genres", "kind": "multi_hot", "max_len": 3,
+                           "weighted": True},
+                          {"name": "tags", "kind": "multi_hot", "max_len": 2}])
+    rows = FieldRows(np.array([1, 0, 1], np.float32), {
+        "user": np.array([5, 300, 2 ** 40]),
+        "hour": np.array([0.5, -1, 3.25], np.float32),
+        "genres": (np.array([2, 0, 4]), np.array([1, 2, 7, 8, 9, 10]),
+                   np.array([.5, .25, 1, 2, 3, 4], np.float32)),
+        "tags": (np.array([0, 1, 2]), np.array([40, 41, 42]), None)})
+    b = parse_fields_batch(tf.constant(encode_field_examples(rows, s)), s)
+    assert b["label"].numpy().tolist() == [1, 0, 1]
+    assert b["ids"].numpy().tolist() == [[5], [300], [2 ** 40]]
+    assert b["values"].numpy().tolist() == [[1], [1], [1]]
+    assert b["numeric"].numpy().tolist() == [[0.5], [-1], [3.25]]
+    assert b["bag_ids"].numpy().tolist() == [[1, 2, -1, -1, -1], [-1, -1, -1, 40, -1],
+                                             [7, 8, 9, 41, 42]]
+    assert b["bag_weights"].numpy().tolist() == [[.5, .25, 0, 0, 0], [0, 0, 0, 1, 0],
+                                                 [1, 2, 3, 1, 1]]
+
+
+def test_pooling_follows_the_declaration():
+    """A bag's slot in the FM is its ids' rows, weighted, summed (mean: over the weights'
+    sum; sqrtn: over the root of their squares' sum), computed here from the table."""
+    import tensorflow as tf
+
+    from ctrtrain.models.deepfm import DeepFM, DeepFMConfig
+    for pooling, norm in [("sum", lambda w: 1.0), ("mean", lambda w: w.sum()),
+                          ("sqrtn", lambda w: np.sqrt((w ** 2).sum()))]:
+        m = DeepFM(DeepFMConfig(feature_size=10, field_size=2, embedding_size=3,
+                                deep_layers=(4,), numeric_fields=1, bags=((3, pooling),)))
+        m.table.assign(tf.random.normal(m.table.shape, seed=1))
+        table = m.table.numpy()
+        w = np.array([0.5, 2.0], np.float32)
+        feats = {"ids": tf.zeros([2, 0], tf.int64), "values": tf.zeros([2, 0]),
+                 "numeric": tf.constant([[1.5], [0.0]]),
+                 "bag_ids": tf.constant([[4, 7, -1], [-1, -1, -1]], tf.int64),
+                 "bag_weights": tf.constant([[0.5, 2.0, 0.0], [0.0, 0.0, 0.0]])}
+        logits, _ = m(feats)
+        pooled = (table[4] * w[0] + table[7] * w[1]) / norm(w)
+        slots = np.stack([table[10] * 1.5, pooled])            # numeric row: feature_size + 0
+        first = slots[:, 0].sum()
+        fm = 0.5 * ((slots[:, 1:].sum(0) ** 2) - (slots[:, 1:] ** 2).sum(0)).sum()
+        deep = m._mlp(tf.constant(slots.reshape(1, -1)), False).numpy()[0]
+        assert np.isclose(logits.numpy()[0], first + fm + deep, atol=1e-5), pooling
+        # An empty bag and a zero numeric: nothing but the bias and the MLP of zeros.
+        zero = m._mlp(tf.zeros([1, 8]), False).numpy()[0]
+        assert np.isclose(logits.numpy()[1], zero, atol=1e-6), pooling
+
+
+def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
+    info = json.loads((declared / "synth.json").read_text())
+    manifest = json.loads((declared / "train" / "manifest.json").read_text())
+    kinds = [f["kind"] for f in manifest["fields"]]
+    assert kinds == ["numeric"] * 2 + ["categorical"] * 5 + ["multi_hot"] * 2
+    md = tmp_path / "model"
+    r = ok("train", "--train", declared / "train", "--valid", declared / "valid",
+           "--test", declared / "test", "--model-dir", md, "--epochs", 2,
+           "--batch-size", 256, "--predictions", "auto")
+    result = json.loads((md / "result.json").read_text())
+    bayes = info["splits"]["test"]["bayes_auc"]
+    # Small data (24k rows): well above chance, below the bound (the issue's 0.01 is for a
+    # benchmark-sized set).
+    assert 0.65 < result["test"]["auc"] < bayes + 0.01, (result["test"], bayes)
+    assert "field_size=9" in r.stdout
+    # The exported model reads the same records, as a directory or as its files.
+    trained = read_probs(md / "predictions.csv")
+    ok("predict", "--model", md / "export", "--input", declared / "test", "--out", tmp_path / "p.csv")
+    np.testing.assert_allclose(read_probs(tmp_path / "p.csv"), trained, rtol=1e-5, atol=1e-6)
+    files = sorted((declared / "test").glob("*.tfrecord"))
+    ok("predict", "--model", md / "export", "--input", *files, "--out", tmp_path / "f.csv")
+    np.testing.assert_allclose(read_probs(tmp_path / "f.csv"), trained, rtol=1e-5, atol=1e-6)
+    # Data of other fields is refused by name, not predicted from.
+    bad = ctrtrain("predict", "--model", md / "export", "--input", PREVIOUS / "test",
+                   "--out", tmp_path / "x.csv")
+    assert bad.returncode == 2 and "other fields" in bad.stderr and not (tmp_path / "x.csv").exists()
+
+
+@pytest.fixture(scope="module")
+def declared_single(declared, tmp_path_factory):
+    """One process over the declared data, global batch 512, one epoch: the modes' yardstick."""
+    from test_distributed import launch
+    return launch(tmp_path_factory.mktemp("declared-single"), "deepfm-single", declared,
+                  hyperparameters={"epochs": 1, "batch_size": 512})[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example,hp", [
+    ("deepfm-allreduce", {"batch_size": 256}),
+    ("deepfm-mirrored", {"batch_size": 256, "devices": 2}),
+    ("deepfm-data-service", {"batch_size": 256})])
+def test_declared_fields_in_synchronous_modes_match_one_process(declared, declared_single,
+                                                               tmp_path, example, hp):
+    """Real processes over localhost (or two devices of one): the same steps and within
+    0.005 AUC of one process with the same global batch."""
+    from test_distributed import launch
+    r, _, _ = launch(tmp_path, example, declared, hyperparameters={"epochs": 1, **hp})
+    assert r["replicas"] == 2 and r["step"] == declared_single["step"], r
+    assert abs(r["test"]["auc"] - declared_single["test"]["auc"]) < 0.005, \
+        (r["test"], declared_single["test"])
+
+
+@pytest.mark.slow
+def test_declared_fields_under_parameter_servers(declared, tmp_path):
+    """The table (numeric fields' rows included) split over two servers; asynchronous
+    workers train the declared fields to a useful model."""
+    from test_distributed import launch
+    r, _, _ = launch(tmp_path, "deepfm-parameter-server", declared,
+                     hyperparameters={"epochs": 2, "batch_size": 256})
+    start = next(json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "metrics.jsonl")
+                 .read_text().splitlines() if '"start"' in line)
+    assert start["table_shards"] == 2
+    assert r["test"]["auc"] > 0.65, r["test"]
+
+
+def test_previous_release_data_and_models_work_unchanged(tmp_path):
+    """A data set and a SavedModel written by the release before declared fields: its model
+    predicts what it predicted then, and its data trains."""
+    old = read_probs(PREVIOUS / "test_predictions.csv")
+    ok("predict", "--model", PREVIOUS / "export", "--input", PREVIOUS / "test",
+       "--out", tmp_path / "p.csv")
+    np.testing.assert_allclose(read_probs(tmp_path / "p.csv"), old, rtol=1e-5, atol=1e-6)
+    md = tmp_path / "model"
+    ok("train", "--train", PREVIOUS / "train", "--test", PREVIOUS / "test", "--model-dir", md,
+       "--epochs", 2, "--batch-size", 128, "--embedding-size", 4, "--deep-layers", "16,8")
+    result = json.loads((md / "result.json").read_text())
+    assert result["step"] == 36 and result["test"]["examples"] == 300
+    assert not (md / "export" / "36" / "assets.extra" / "ctrtrain.json").read_text().count('"fields"')
+
+
+def write_declared(directory: Path, schema: Schema, rows: FieldRows, feature_size: int):
+    """A declared-fields data directory as the data tools write it."""
+    from ctrtrain.data.manifest import FileEntry, Manifest, sha256_file
+    from ctrtrain.data.tfrecord import ShardWriter
+    directory.mkdir(parents=True)
+    w = ShardWriter(str(directory / "part-0.tfrecord"))
+    w.write_rows(rows, schema)
+    n, size, sha = w.commit()
+    Manifest("tfrecord", schema.field_size, feature_size,
+             [FileEntry("part-0.tfrecord", n, size, sha)], positives=int(rows.labels.sum()),
+             fields=schema.to_json()).write(directory)
+
+
+def test_a_bad_declared_record_is_named_by_validate_and_training(tmp_path):
+    s = Schema.from_json([{"name": "user"}, {"name": "hour", "kind": "numeric"},
+                          {"name": "genres", "kind": "multi_hot", "max_len": 3,
+                           "weighted": True}])
+    n = 600
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 4, n)
+    bad_row = 517
+    lengths[bad_row] = 2
+    ids = rng.integers(0, 50, int(lengths.sum()))
+    ids[lengths[:bad_row].sum()] = 50          # outside the table of 50 ids
+    weights = np.ones(len(ids), np.float32)
+    rows = FieldRows((rng.random(n) < 0.3).astype(np.float32), {
+        "user": rng.integers(0, 50, n), "hour": rng.random(n).astype(np.float32),
+        "genres": (lengths, ids, weights)})
+    write_declared(tmp_path / "d", s, rows, feature_size=50)
+    v = ctrtrain("data", "validate", tmp_path / "d")
+    assert v.returncode == 2, v.stdout + v.stderr
+    assert "part-0.tfrecord" in v.stderr and f"record {bad_row}" in v.stderr \
+        and "id 50 of genres is outside [0, 50)" in v.stderr, v.stderr
+    t = ctrtrain("train", "--train", tmp_path / "d", "--model-dir", tmp_path / "m",
+                 "--epochs", 1, "--batch-size", 64)
+    assert t.returncode == 2 and f"record {bad_row}" in t.stderr and "genres" in t.stderr, t.stderr
+    assert not (tmp_path / "m" / "export").exists()
