@@ -127,6 +127,7 @@ def test_pooling_follows_the_declaration():
         assert np.isclose(logits.numpy()[1], zero, atol=1e-6), pooling
 
 
+@pytest.mark.tf215
 def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
     info = json.loads((declared / "synth.json").read_text())
     manifest = json.loads((declared / "train" / "manifest.json").read_text())
@@ -167,13 +168,23 @@ def declared_single(declared, tmp_path_factory):
 @pytest.mark.parametrize("example,hp", [
     ("deepfm-allreduce", {"batch_size": 256}),
     ("deepfm-mirrored", {"batch_size": 256, "devices": 2}),
-    ("deepfm-data-service", {"batch_size": 256})])
+    ("deepfm-data-service", {"batch_size": 256}),
+    ("horovod", {"batch_size": 256})])
 def test_declared_fields_in_synchronous_modes_match_one_process(declared, declared_single,
                                                                tmp_path, example, hp):
-    """Real processes over localhost (or two devices of one): the same steps and within
-    0.005 AUC of one process with the same global batch."""
-    from test_distributed import launch
-    r, _, _ = launch(tmp_path, example, declared, hyperparameters={"epochs": 1, **hp})
+    """Real processes over localhost (or two devices of one), through the SageMaker recipe
+    entry: the same steps and within 0.005 AUC of one process with the same global batch.
+    Horovod's ranks run TF 2.15 (.venv-hvd)."""
+    from test_distributed import HVD_PYTHON, launch
+    python = sys.executable
+    if example == "horovod":
+        if not HVD_PYTHON.exists():
+            if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
+                pytest.fail(f"{HVD_PYTHON} is missing: run scripts/horovod_env.sh")
+            pytest.skip("no Horovod environment (scripts/horovod_env.sh builds it; CI does)")
+        python = HVD_PYTHON
+    r, _, _ = launch(tmp_path, example, declared, python=python,
+                     hyperparameters={"epochs": 1, **hp})
     assert r["replicas"] == 2 and r["step"] == declared_single["step"], r
     assert abs(r["test"]["auc"] - declared_single["test"]["auc"]) < 0.005, \
         (r["test"], declared_single["test"])
@@ -209,7 +220,7 @@ def test_previous_release_data_and_models_work_unchanged(tmp_path):
 
 def write_declared(directory: Path, schema: Schema, rows: FieldRows, feature_size: int):
     """A declared-fields data directory as the data tools write it."""
-    from ctrtrain.data.manifest import FileEntry, Manifest, sha256_file
+    from ctrtrain.data.manifest import FileEntry, Manifest
     from ctrtrain.data.tfrecord import ShardWriter
     directory.mkdir(parents=True)
     w = ShardWriter(str(directory / "part-0.tfrecord"))
