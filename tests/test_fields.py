@@ -39,12 +39,14 @@ def read_probs(path):
 
 @pytest.fixture(scope="module")
 def declared(tmp_path_factory):
-    """Synthesized splits with 2 numeric, 5 categorical and 2 multi_hot fields (bags of 0 to
-    4 ids, an empty bag in one row of five)."""
+    """Synthesized splits with 2 numeric, 5 categorical, 2 multi_hot fields (bags of 0 to 4
+    ids, an empty bag in one row of five) and a sequence field (0 to 6 ids, of which the
+    hidden model uses the last 3)."""
     out = tmp_path_factory.mktemp("declared") / "data"
     ok("data", "synth", "--out", out, "--rows", 30_000, "--feature-size", 4_000, "--seed", 2,
        "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
-       "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--files-per-split", 2, "--processes", 2)
+       "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--sequence-fields", 1,
+       "--sequence-len", 3, "--files-per-split", 2, "--processes", 2)
     return out
 
 
@@ -60,7 +62,9 @@ def test_field_declarations_are_checked_by_name():
             ([{"name": "genres", "kind": "multi_hot"}], "needs max_len"),
             ([{"name": "g", "kind": "multi_hot", "max_len": 3, "pooling": "max"}], "pooling 'max'"),
             ([{"name": "age", "kind": "float"}], "kind 'float'"),
-            ([{"name": "age", "kind": "numeric", "max_len": 2}], "multi_hot fields only"),
+            ([{"name": "age", "kind": "numeric", "max_len": 2}], "multi_hot and sequence fields only"),
+            ([{"name": "h", "kind": "sequence", "max_len": 2, "weighted": True}], "no weights"),
+            ([{"name": "h", "kind": "sequence"}], "a sequence field needs max_len"),
             ([{"name": "a"}, {"name": "a"}], "declared twice"),
             ([{"name": "label"}], "name 'label'"),
             ([{"name": "g", "kind": "categorical", "bucket": 3}], "unknown key"),
@@ -72,7 +76,8 @@ def test_field_declarations_are_checked_by_name():
 
 def test_field_examples_round_trip_through_tensorflow():
     """Written without TensorFlow, parsed by it into the batch layout the model reads: an
-    empty bag pads to -1, a bag longer than max_len is cut to it, weights travel with ids."""
+    empty bag pads to -1, a bag longer than max_len is cut to its first ids and a sequence to
+    its last (the most recent), weights travel with ids."""
     import tensorflow as tf
 
     from ctrtrain.data.tfrecord import encode_field_examples
@@ -80,22 +85,25 @@ def test_field_examples_round_trip_through_tensorflow():
     s = Schema.from_json([{"name": "user"}, {"name": "hour", "kind": "numeric"},
                           {"name": "genres", "kind": "multi_hot", "max_len": 3,
                            "weighted": True},
-                          {"name": "tags", "kind": "multi_hot", "max_len": 2}])
+                          {"name": "tags", "kind": "multi_hot", "max_len": 2},
+                          {"name": "history", "kind": "sequence", "max_len": 2}])
     rows = FieldRows(np.array([1, 0, 1], np.float32), {
         "user": np.array([5, 300, 2 ** 40]),
         "hour": np.array([0.5, -1, 3.25], np.float32),
         "genres": (np.array([2, 0, 4]), np.array([1, 2, 7, 8, 9, 10]),
                    np.array([.5, .25, 1, 2, 3, 4], np.float32)),
-        "tags": (np.array([0, 1, 2]), np.array([40, 41, 42]), None)})
+        "tags": (np.array([0, 1, 2]), np.array([40, 41, 42]), None),
+        "history": (np.array([4, 1, 0]), np.array([90, 91, 92, 93, 94]), None)})
     b = parse_fields_batch(tf.constant(encode_field_examples(rows, s)), s)
     assert b["label"].numpy().tolist() == [1, 0, 1]
     assert b["ids"].numpy().tolist() == [[5], [300], [2 ** 40]]
     assert b["values"].numpy().tolist() == [[1], [1], [1]]
     assert b["numeric"].numpy().tolist() == [[0.5], [-1], [3.25]]
-    assert b["bag_ids"].numpy().tolist() == [[1, 2, -1, -1, -1], [-1, -1, -1, 40, -1],
-                                             [7, 8, 9, 41, 42]]
-    assert b["bag_weights"].numpy().tolist() == [[.5, .25, 0, 0, 0], [0, 0, 0, 1, 0],
-                                                 [1, 2, 3, 1, 1]]
+    assert b["bag_ids"].numpy().tolist() == [[1, 2, -1, -1, -1, 92, 93],
+                                             [-1, -1, -1, 40, -1, 94, -1],
+                                             [7, 8, 9, 41, 42, -1, -1]]
+    assert b["bag_weights"].numpy().tolist() == [[.5, .25, 0, 0, 0, 1, 1], [0, 0, 0, 1, 0, 1, 0],
+                                                 [1, 2, 3, 1, 1, 0, 0]]
 
 
 def test_pooling_follows_the_declaration():
@@ -132,7 +140,7 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
     info = json.loads((declared / "synth.json").read_text())
     manifest = json.loads((declared / "train" / "manifest.json").read_text())
     kinds = [f["kind"] for f in manifest["fields"]]
-    assert kinds == ["numeric"] * 2 + ["categorical"] * 5 + ["multi_hot"] * 2
+    assert kinds == ["numeric"] * 2 + ["categorical"] * 5 + ["multi_hot"] * 2 + ["sequence"]
     md = tmp_path / "model"
     r = ok("train", "--train", declared / "train", "--valid", declared / "valid",
            "--test", declared / "test", "--model-dir", md, "--epochs", 2,
@@ -142,7 +150,7 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
     # Small data (24k rows): well above chance, below the bound (the issue's 0.01 is for a
     # benchmark-sized set).
     assert 0.65 < result["test"]["auc"] < bayes + 0.01, (result["test"], bayes)
-    assert "field_size=9" in r.stdout
+    assert "field_size=10" in r.stdout
     # The exported model reads the same records, as a directory or as its files.
     trained = read_probs(md / "predictions.csv")
     ok("predict", "--model", md / "export", "--input", declared / "test", "--out", tmp_path / "p.csv")
@@ -255,3 +263,90 @@ def test_a_bad_declared_record_is_named_by_validate_and_training(tmp_path):
                  "--epochs", 1, "--batch-size", 64)
     assert t.returncode == 2 and f"record {bad_row}" in t.stderr and "genres" in t.stderr, t.stderr
     assert not (tmp_path / "m" / "export").exists()
+
+
+@pytest.fixture(scope="module")
+def movielens_csvs(tmp_path_factory, shared):
+    """DeepCTR's MovieLens sample (200 rows of MovieLens-1M) split in two, as a user would."""
+    import pandas as pd
+    d = pd.read_csv(shared / "deepctr_samples" / "movielens_sample.txt")
+    out = tmp_path_factory.mktemp("movielens")
+    d[:140].to_csv(out / "train.csv", index=False)
+    d[140:].to_csv(out / "test.csv", index=False)
+    return out
+
+
+def test_movielens_example_runs_end_to_end(movielens_csvs, tmp_path):
+    """examples/movielens.sh: genres multi_hot, the rest categorical, rating >= 4 a click;
+    featurize with the training CSV's vocabulary, train, evaluate, and the raw test CSV
+    predicted through the model's vocabulary as training scored it."""
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["bash", str(root / "examples" / "movielens.sh"),
+                        str(movielens_csvs / "train.csv"), str(movielens_csvs / "test.csv"),
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "CTRTRAIN_NO_PROGRESS": "1", "EPOCHS": "3"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("test_auc=") and 0 <= float(last.split("=")[1]) <= 1, last
+    m = json.loads((tmp_path / "out" / "train" / "manifest.json").read_text())
+    kinds = {f["name"]: f["kind"] for f in m["fields"]}
+    assert kinds == {"user_id": "categorical", "movie_id": "categorical", "gender": "categorical",
+                     "age": "categorical", "occupation": "categorical", "zip": "categorical",
+                     "hour": "categorical", "genres": "multi_hot"}
+    genres = next(f for f in m["fields"] if f["name"] == "genres")
+    assert genres["max_len"] == 4 and genres["pooling"] == "mean"   # the longest training bag
+    # Labels from ratings: the sample's ratings >= 4 are the positives.
+    import pandas as pd
+    train = pd.read_csv(movielens_csvs / "train.csv")
+    assert m["positives"] == int((train.rating >= 4).sum()) and m["records"] == 140
+    # Two test rows hold 5 genres: kept in the file, counted and said.
+    assert "genres: 2 rows hold more than max_len 4 values" in r.stdout
+    md = tmp_path / "out" / "model"
+    ok("predict", "--model", md / "export", "--input", tmp_path / "out" / "test.csv",
+       "--out", tmp_path / "raw.csv")
+    np.testing.assert_allclose(read_probs(tmp_path / "raw.csv"), read_probs(md / "predictions.csv"),
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_featurize_numeric_and_multi_valued_columns_are_named_when_wrong(movielens_csvs,
+                                                                         tmp_path):
+    d = movielens_csvs
+    ok("data", "featurize", d / "train.csv", "--out", tmp_path / "f", "--label-column", "rating",
+       "--label-threshold", "4", "--multi-hot", "genres", "--numeric", "age",
+       "--drop", "title,timestamp", "--min-count", "1")
+    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    assert m["fields"][0] == {"name": "age", "kind": "numeric"}
+    for args, said in [
+            (["--multi-hot", "genre"], "--multi-hot names ['genre'], not in the header"),
+            (["--numeric", "title"], "'Ed Wood (1994)' is not a number"),
+            (["--vocab", tmp_path / "f" / "vocab.json", "--multi-hot", "genres"],
+             "the vocabulary's")]:
+        r = ctrtrain("data", "featurize", d / "train.csv", "--out", tmp_path / "bad",
+                     "--label-column", "rating", "--label-threshold", "4", *args)
+        assert r.returncode == 2 and said in r.stderr, (args, r.stderr[-800:])
+        assert not (tmp_path / "bad").exists()
+
+
+def test_featurize_a_history_column_as_a_sequence(movielens_csvs, tmp_path):
+    """The movies rated just before each row (up to 4, oldest first: the site's recent
+    activity) as a sequence field: --max-len caps it, and rows with a longer history are
+    counted and said (the most recent kept when read)."""
+    import pandas as pd
+    d = pd.read_csv(movielens_csvs / "train.csv").sort_values("timestamp", kind="stable")
+    movies = d.movie_id.astype(str).tolist()
+    history = ["|".join(movies[max(0, i - 4):i]) for i in range(len(movies))]
+    d["history"] = history
+    d.to_csv(tmp_path / "train.csv", index=False)
+    longest = max(len(h.split("|")) if h else 0 for h in history)
+    r = ok("data", "featurize", tmp_path / "train.csv", "--out", tmp_path / "f",
+           "--label-column", "rating", "--label-threshold", "4", "--multi-hot", "genres",
+           "--sequence", "history", "--max-len", 2, "--drop", "title,timestamp",
+           "--min-count", "1")
+    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    assert m["fields"][-1] == {"name": "history", "kind": "sequence", "max_len": 2,
+                               "pooling": "mean"}
+    over = sum(len(h.split("|")) > 2 for h in history if h)
+    assert longest > 2 and m["extra"]["longer_than_max_len"]["history"] == over
+    assert f"history: {over} rows hold more than max_len 2 values" in r.stdout
+    assert "read the last max_len" in r.stdout
+    ok("data", "validate", tmp_path / "f")

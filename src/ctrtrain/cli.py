@@ -74,7 +74,13 @@ def _data_commands(sub):
     p.add_argument("--multi-hot-len", type=POSITIVE, default=5,
                    help="a bag holds 0 to this many ids (its max_len)")
     p.add_argument("--multi-hot-vocab", type=_number(int, 2), default=1000,
-                   help="distinct ids of each multi_hot field")
+                   help="distinct ids of each multi_hot and sequence field")
+    p.add_argument("--sequence-fields", type=NON_NEGATIVE, default=0,
+                   help="also this many histories of ids per row (sequence fields, ordered): "
+                        "rows hold 0 to twice --sequence-len ids, the hidden model uses the last "
+                        "--sequence-len")
+    p.add_argument("--sequence-len", type=POSITIVE, default=10,
+                   help="a sequence field's max_len")
     p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_synth)
@@ -92,6 +98,24 @@ def _data_commands(sub):
     p.add_argument("--label-column", default=None,
                    help="CSV: the label column (default: 'label' or 'click', in any case)")
     p.add_argument("--no-label", action="store_true", help="rows have no label column")
+    p.add_argument("--label-threshold", type=float, default=None,
+                   help="CSV: the label column is a score (a rating): at least this is a click "
+                        "(1), below it 0; kept in the vocabulary for later splits")
+    p.add_argument("--numeric", type=_columns, action="extend", default=[], metavar="COLS",
+                   help="CSV: these columns (comma-separated) are numbers (besides I1, I2, ...)")
+    p.add_argument("--multi-hot", type=_columns, action="extend", default=[], metavar="COLS",
+                   help="CSV: these columns hold several values each (Comedy|Drama): the output "
+                        "then declares its fields (multi_hot, mean-pooled) and is TFRecord")
+    p.add_argument("--sequence", type=_columns, action="extend", default=[], metavar="COLS",
+                   help="CSV: these columns hold ordered histories (oldest first, joined by "
+                        "--separator): sequence fields, the most recent --max-len kept")
+    p.add_argument("--max-len", type=POSITIVE, default=None,
+                   help="at most this many ids per --multi-hot or --sequence field (default: "
+                        "the longest in the training files)")
+    p.add_argument("--separator", default="|",
+                   help="between the values of a --multi-hot or --sequence cell")
+    p.add_argument("--drop", type=_columns, action="extend", default=[], metavar="COLS",
+                   help="CSV: leave these columns out (a title, a raw timestamp)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_featurize)
 
@@ -154,7 +178,9 @@ def cmd_synth(a):
                                       categorical_fields=a.categorical_fields,
                                       multi_hot_fields=a.multi_hot_fields,
                                       multi_hot_len=a.multi_hot_len,
-                                      multi_hot_vocab=a.multi_hot_vocab),
+                                      multi_hot_vocab=a.multi_hot_vocab,
+                                      sequence_fields=a.sequence_fields,
+                                      sequence_len=a.sequence_len),
                    processes=a.processes, overwrite=a.overwrite)
     for name, d in s["splits"].items():
         if not d["rows"]:
@@ -164,13 +190,32 @@ def cmd_synth(a):
     print(f"wrote {a.out} (field_size {s['field_size']}, feature_size {s['feature_size']:,})")
 
 
+def _columns(text: str) -> list[str]:
+    return [c for c in text.split(",") if c]
+
+
 def cmd_featurize(a):
     from .data.featurize import featurize
+    from .data.raw import ColumnRoles
     from .data.validate import describe
-    featurize(a.inputs, a.out, fmt=a.format, vocab_path=a.vocab, min_count=a.min_count,
-              hash_buckets=a.hash_buckets, has_label=not a.no_label, label_column=a.label_column,
-              overwrite=a.overwrite)
+    if a.vocab and (a.numeric or a.multi_hot or a.sequence or a.drop or a.max_len
+                    or a.label_threshold is not None):
+        raise ConfigError("--numeric, --multi-hot, --sequence, --max-len, --drop and "
+                          "--label-threshold are the vocabulary's: give them when building it, "
+                          "not with --vocab")
+    m = featurize(a.inputs, a.out, fmt=a.format, vocab_path=a.vocab, min_count=a.min_count,
+                  hash_buckets=a.hash_buckets, has_label=not a.no_label,
+                  label_column=a.label_column, overwrite=a.overwrite,
+                  roles=ColumnRoles(tuple(a.numeric), tuple(a.multi_hot), tuple(a.drop),
+                                    a.separator, tuple(a.sequence)),
+                  label_threshold=a.label_threshold, max_len=a.max_len)
     print(describe(a.out))
+    for col, n in m.extra.get("longer_than_max_len", {}).items():
+        if n:
+            f = next(f for f in m.fields if f["name"] == col)
+            which = "last" if f["kind"] == "sequence" else "first"
+            print(f"{col}: {n:,} rows hold more than max_len {f['max_len']} values (kept in "
+                  f"the file; training and prediction read the {which} max_len)")
 
 
 def cmd_convert(a):

@@ -1,10 +1,19 @@
-"""Raw columns -> the fixed-field schema (one id and one value per field).
+"""Raw columns -> the fixed-field schema (one id and one value per field), or declared fields.
 
 Numeric field i: id i, value sign(x)*log1p(|x|) rounded to 5 decimals, missing = 0.
 Categorical field j: either a vocabulary built on the training split (values seen at least
 `min_count` times; index 0 of each field is its out-of-vocabulary id) or hashing into a fixed
 number of buckets per field. Empty (missing) is a value like any other. The vocabulary is saved
 as JSON and reused for the test split and for prediction, so ids are stable.
+
+With multi-valued columns (`--multi-hot genres`: `Comedy|Drama`) the output declares its
+fields (data/schema.py) and is TFRecord: numeric columns become `numeric` fields (the same
+transform, no id of their own), categorical ones `categorical`, multi-valued ones `multi_hot`
+bags (each value an id of the column's vocabulary or hash; an empty cell is an empty bag),
+mean-pooled, max_len the longest bag of the training files (or --max-len). `--sequence`
+columns are ordered histories (oldest first) and become `sequence` fields the same way. A
+longer bag at test or predict time is kept whole in the file and cut to max_len when read
+(a bag's first ids, a sequence's last); featurize counts such rows.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import pandas as pd
 
 from ..errors import DataError
 from .libsvm import Rows
-from .raw import RawChunk, RawSchema, read_raw, sniff_format
+from .raw import ColumnRoles, RawChunk, RawSchema, read_raw, sniff_format
 
 VOCAB_NAME = "vocab.json"
 
@@ -32,6 +41,8 @@ class Vocabulary:
     min_count: int = 10
     hash_buckets: int = 0
     values: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    max_len: dict[str, int] = dataclasses.field(default_factory=dict)   # multi-valued columns
+    label_threshold: float | None = None   # the label column is a score: >= this is a click
 
     def __post_init__(self):
         self._index = {c: {v: i + 1 for i, v in enumerate(vals)} for c, vals in self.values.items()}
@@ -40,19 +51,64 @@ class Vocabulary:
     def field_size(self) -> int:
         return len(self.schema.fields)
 
+    @property
+    def declared(self) -> bool:
+        """Whether the output declares its fields (there are multi-valued columns)."""
+        return bool(self.schema.lists)
+
+    def fields(self):
+        """The declared fields (data/schema.py) of this vocabulary's output."""
+        from .schema import Field, Schema
+        s = self.schema
+        return Schema(tuple([Field(c, "numeric") for c in s.numeric]
+                            + [Field(c) for c in s.categorical]
+                            + [Field(c, "multi_hot", self.max_len[c], "mean")
+                               for c in s.multi_hot]
+                            + [Field(c, "sequence", self.max_len[c], "mean")
+                               for c in s.sequence]))
+
     def field_width(self, col: str) -> int:
         return self.hash_buckets if self.mode == "hash" else len(self.values[col]) + 1
 
     def bases(self) -> list[int]:
-        base, out = len(self.schema.numeric), []
-        for c in self.schema.categorical:
+        """The first id of each categorical then multi-valued column. Numeric columns hold
+        ids 0.. in the fixed schema; declared numeric fields need none."""
+        base, out = 0 if self.declared else len(self.schema.numeric), []
+        for c in self.schema.categorical + self.schema.lists:
             out.append(base)
             base += self.field_width(c)
         return out
 
     @property
     def feature_size(self) -> int:
-        return len(self.schema.numeric) + sum(self.field_width(c) for c in self.schema.categorical)
+        return (0 if self.declared else len(self.schema.numeric)) + sum(
+            self.field_width(c) for c in self.schema.categorical + self.schema.lists)
+
+    def _local_ids(self, col: str, uniques) -> np.ndarray:
+        if self.mode == "hash":
+            return np.array([zlib.crc32(f"{col}\x00{u}".encode()) % self.hash_buckets
+                             for u in uniques], np.int64)
+        index = self._index[col]
+        return np.array([index.get(u, 0) for u in uniques], np.int64)
+
+    def transform_fields(self, chunk: RawChunk):
+        """(FieldRows of declared fields, {multi-valued column: rows longer than its max_len})."""
+        from .schema import FieldRows
+        legacy = self.transform(chunk)
+        k = len(self.schema.numeric)
+        columns = {c: legacy.values[:, j] for j, c in enumerate(self.schema.numeric)}
+        columns.update({c: legacy.ids[:, k + j] for j, c in enumerate(self.schema.categorical)})
+        longer = {}
+        bases = self.bases()[len(self.schema.categorical):]
+        for j, (col, base) in enumerate(zip(self.schema.lists, bases)):
+            codes, uniques = pd.factorize(chunk.lists[:, j])
+            bags = [split_bag(u, self.schema.separator) for u in uniques]
+            ids = [base + self._local_ids(col, b) for b in bags]
+            lengths = np.array([len(b) for b in bags], np.int64)[codes]
+            flat = np.concatenate([ids[c] for c in codes]) if len(codes) else np.zeros(0, np.int64)
+            columns[col] = (lengths, flat.astype(np.int64), None)
+            longer[col] = int((lengths > self.max_len[col]).sum())
+        return FieldRows(legacy.labels, columns), longer
 
     def transform(self, chunk: RawChunk) -> Rows:
         n = chunk.numeric.shape[0]
@@ -65,13 +121,7 @@ class Vocabulary:
         values[:, :k] = num_vals
         for j, (col, base) in enumerate(zip(self.schema.categorical, self.bases())):
             codes, uniques = pd.factorize(chunk.categorical[:, j])
-            if self.mode == "hash":
-                local = np.array([zlib.crc32(f"{col}\x00{u}".encode()) % self.hash_buckets
-                                  for u in uniques], np.int64)
-            else:
-                index = self._index[col]
-                local = np.array([index.get(u, 0) for u in uniques], np.int64)
-            ids[:, k + j] = base + local[codes]
+            ids[:, k + j] = base + self._local_ids(col, uniques)[codes]
         labels = chunk.labels if chunk.labels is not None else np.zeros(n, np.float32)
         return Rows(labels, ids, values)
 
@@ -79,7 +129,8 @@ class Vocabulary:
         return {"version": 1, "mode": self.mode, "min_count": self.min_count,
                 "hash_buckets": self.hash_buckets, "schema": dataclasses.asdict(self.schema),
                 "feature_size": self.feature_size, "field_size": self.field_size,
-                "numeric_transform": "sign(x)*log1p(|x|), missing=0", "values": self.values}
+                "numeric_transform": "sign(x)*log1p(|x|), missing=0", "values": self.values,
+                "max_len": self.max_len, "label_threshold": self.label_threshold}
 
     def save(self, path: str) -> None:
         tmp = path + ".tmp"
@@ -106,70 +157,116 @@ class Vocabulary:
             problem = "no schema"
         else:
             sc = d["schema"]
-            if set(sc) != {"label", "numeric", "categorical"} or not strs(sc["numeric"]) \
-                    or not strs(sc["categorical"]) or not isinstance(sc["label"], (str, type(None))):
+            if not {"label", "numeric", "categorical"} <= set(sc) <= {
+                    "label", "numeric", "categorical", "multi_hot", "separator", "sequence"} \
+                    or not strs(sc["numeric"]) or not strs(sc["categorical"]) \
+                    or not strs(sc.get("multi_hot", [])) or not strs(sc.get("sequence", [])) \
+                    or not isinstance(sc.get("separator", "|"), str) \
+                    or not isinstance(sc["label"], (str, type(None))):
                 problem = "schema needs label, numeric and categorical column names"
+            elif not isinstance(d.get("max_len", {}), dict) or any(
+                    not isinstance(d.get("max_len", {}).get(c), int)
+                    for c in sc.get("multi_hot", []) + sc.get("sequence", [])):
+                problem = "max_len must give every multi-valued column an integer"
             elif d.get("mode") not in ("vocab", "hash"):
                 problem = f"mode {str(d.get('mode'))[:20]!r} is not vocab or hash"
             elif not (isinstance(d.get("hash_buckets"), int) and d["hash_buckets"] >= 0
                       and (d["mode"] == "vocab" or d["hash_buckets"] > 0)):
                 problem = "hash_buckets must be a non-negative integer (positive for hash mode)"
+            elif not isinstance(d.get("label_threshold"), (int, float, type(None))) \
+                    or isinstance(d.get("label_threshold"), bool):
+                problem = "label_threshold must be a number or null"
             elif not isinstance(d.get("min_count"), int):
                 problem = "min_count must be an integer"
             elif not isinstance(d.get("values"), dict) or (d["mode"] == "vocab" and any(
-                    not strs(d["values"].get(c)) for c in sc["categorical"])):
+                    not strs(d["values"].get(c))
+                    for c in sc["categorical"] + sc.get("multi_hot", [])
+                    + sc.get("sequence", []))):
                 problem = "values must map every categorical column to a list of strings"
         if problem:
             raise DataError(f"not a ctrtrain vocabulary: {problem}", path=path)
         return cls(RawSchema(**d["schema"]), d["mode"], d["min_count"], d["hash_buckets"],
-                   d["values"])
+                   d["values"], d.get("max_len", {}), d.get("label_threshold"))
+
+
+def split_bag(cell: str, separator: str) -> list[str]:
+    """The values of a multi-valued cell ('' and empty items: none)."""
+    return [v for v in cell.split(separator) if v]
 
 
 def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema | None = None,
                      min_count: int = 10, hash_buckets: int = 0, has_label: bool = True,
-                     label_column: str | None = None) -> Vocabulary:
-    """Counts categorical values over the training files (one pass) and keeps the frequent ones,
-    most frequent first (ties by value, so the result does not depend on chunking)."""
-    if hash_buckets:
+                     label_column: str | None = None, roles: ColumnRoles = ColumnRoles(),
+                     label_threshold: float | None = None,
+                     max_len: int | None = None) -> Vocabulary:
+    """Counts categorical values (and each value of a multi-valued cell) over the training
+    files (one pass) and keeps the frequent ones, most frequent first (ties by value, so the
+    result does not depend on chunking); a multi-valued column's max_len is its longest bag,
+    at most `max_len`."""
+    def read(p, **kw):
+        return read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
+                        label_column=label_column, roles=roles,
+                        label_threshold=label_threshold, **kw)
+    if hash_buckets and not (roles.multi_hot or roles.sequence):
         for p in paths:
-            schema, _ = next(read_raw(p, fmt or sniff_format(p), schema, chunk_rows=1,
-                                      has_label=has_label, label_column=label_column))
-        return Vocabulary(schema, "hash", min_count, hash_buckets)
+            schema, _ = next(read(p, chunk_rows=1))
+        return Vocabulary(schema, "hash", min_count, hash_buckets,
+                          label_threshold=label_threshold)
     counts: dict[str, Counter] = {}
+    longest: dict[str, int] = {}
     for p in paths:
-        for schema, chunk in read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
-                                      label_column=label_column):
-            for j, col in enumerate(schema.categorical):
+        for schema, chunk in read(p):
+            for j, col in enumerate(schema.categorical if not hash_buckets else []):
                 vc = pd.Series(chunk.categorical[:, j]).value_counts()
                 counts.setdefault(col, Counter()).update(dict(zip(vc.index, vc.to_numpy().tolist())))
+            for j, col in enumerate(schema.lists):
+                vc = pd.Series(chunk.lists[:, j]).value_counts()
+                items = counts.setdefault(col, Counter())
+                for cell, c in zip(vc.index, vc.to_numpy().tolist()):
+                    bag = split_bag(cell, schema.separator)
+                    longest[col] = max(longest.get(col, 1), len(bag))
+                    for v in bag:
+                        items[v] += c
     if schema is None:
         raise DataError("no rows to build a vocabulary from", path=", ".join(paths))
+    lens = {c: min(longest.get(c, 1), max_len or longest.get(c, 1)) for c in schema.lists}
+    if hash_buckets:
+        return Vocabulary(schema, "hash", min_count, hash_buckets, max_len=lens,
+                          label_threshold=label_threshold)
     values = {}
-    for col in schema.categorical:
+    for col in schema.categorical + schema.lists:
         kept = [(v, c) for v, c in counts.get(col, Counter()).items() if c >= min_count]
         values[col] = [v for v, _ in sorted(kept, key=lambda vc: (-vc[1], vc[0]))]
-    return Vocabulary(schema, "vocab", min_count, 0, values)
+    return Vocabulary(schema, "vocab", min_count, 0, values, lens, label_threshold)
 
 
 def featurize_file(path: str, vocab: Vocabulary, fmt: str | None = None, has_label: bool = True,
-                   label_column: str | None = None):
-    """Yields Rows blocks of a raw file under a vocabulary."""
+                   label_column: str | None = None, longer: dict | None = None):
+    """Yields Rows blocks of a raw file under a vocabulary (FieldRows with declared fields,
+    adding to `longer` the rows whose bags exceed their max_len)."""
     for _, chunk in read_raw(path, fmt or sniff_format(path), vocab.schema, has_label=has_label,
-                             label_column=label_column):
-        yield vocab.transform(chunk)
+                             label_column=label_column, label_threshold=vocab.label_threshold):
+        if not vocab.declared:
+            yield vocab.transform(chunk)
+            continue
+        rows, over = vocab.transform_fields(chunk)
+        for col, n in over.items():
+            if longer is not None:
+                longer[col] = longer.get(col, 0) + n
+        yield rows
 
 
-def output_names(files: list[str]) -> list[str]:
+def output_names(files: list[str], suffix: str = ".libsvm") -> list[str]:
     """`<stem>.libsvm` per input, made unique in input order (`a/day.txt` and `b/day.txt`, or
     `day.txt` and `day.tsv`, would otherwise write one file over the other)."""
     from pathlib import Path
     names, used = [], set()
     for f in files:
         stem, k = Path(f).stem, 1
-        name = f"{stem}.libsvm"
+        name = f"{stem}{suffix}"
         while name in used:
             k += 1
-            name = f"{stem}-{k}.libsvm"
+            name = f"{stem}-{k}{suffix}"
         used.add(name)
         names.append(name)
     return names
@@ -177,9 +274,12 @@ def output_names(files: list[str]) -> list[str]:
 
 def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None = None,
               min_count: int = 10, hash_buckets: int = 0, has_label: bool = True,
-              label_column: str | None = None, overwrite: bool = False):
-    """Raw files -> a libsvm data directory (one file per input) with the vocabulary beside it.
-    Without `vocab_path` the vocabulary is built from these inputs (the training split)."""
+              label_column: str | None = None, overwrite: bool = False,
+              roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None,
+              max_len: int | None = None):
+    """Raw files -> a libsvm data directory (one file per input; TFRecord with declared fields
+    when there are multi-valued columns) with the vocabulary beside it. Without `vocab_path`
+    the vocabulary is built from these inputs (the training split)."""
 
     from .files import list_inputs, prepare_output_dir
     from .libsvm import format_libsvm
@@ -188,27 +288,47 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
     files = list_inputs(inputs)
     vocab = Vocabulary.load(vocab_path) if vocab_path else \
         build_vocabulary(files, fmt, min_count=min_count, hash_buckets=hash_buckets,
-                         has_label=has_label, label_column=label_column)
+                         has_label=has_label, label_column=label_column, roles=roles,
+                         label_threshold=label_threshold, max_len=max_len)
     out = prepare_output_dir(out_dir, overwrite, [*inputs, *([vocab_path] if vocab_path else [])])
-    entries, positives = [], 0
+    entries, positives, longer = [], 0, {}
+    fields = vocab.fields() if vocab.declared else None
     try:
-        for f, name in zip(files, output_names(files)):
+        for f, name in zip(files, output_names(files, ".tfrecord" if fields else ".libsvm")):
             dst = out / name
             n = 0
-            with open(str(dst) + ".tmp", "wb") as w:
-                for rows in featurize_file(f, vocab, fmt, has_label, label_column):
-                    w.write(format_libsvm(rows))
-                    n += len(rows)
-                    positives += int(rows.labels.sum())
-            os.replace(str(dst) + ".tmp", dst)
+            if fields:
+                from .tfrecord import ShardWriter
+                w = ShardWriter(str(dst))
+                try:
+                    for rows in featurize_file(f, vocab, fmt, has_label, label_column, longer):
+                        w.write_rows(rows, fields)
+                        n += len(rows)
+                        positives += int(rows.labels.sum())
+                    w.commit()
+                except BaseException:
+                    w.abort()
+                    raise
+            else:
+                with open(str(dst) + ".tmp", "wb") as w:
+                    for rows in featurize_file(f, vocab, fmt, has_label, label_column):
+                        w.write(format_libsvm(rows))
+                        n += len(rows)
+                        positives += int(rows.labels.sum())
+                os.replace(str(dst) + ".tmp", dst)
             entries.append(FileEntry(dst.name, n, dst.stat().st_size, sha256_file(dst)))
         vocab.save(str(out / VOCAB_NAME))
     except BaseException:
         import shutil
         shutil.rmtree(out, ignore_errors=True)
         raise
-    m = Manifest(format="libsvm", field_size=vocab.field_size, feature_size=vocab.feature_size,
-                 files=entries, positives=positives, vocabulary=VOCAB_NAME,
-                 extra={"source": files, "labeled": has_label})
+    extra = {"source": files, "labeled": has_label}
+    if fields:
+        # Rows whose bag is longer than the field's max_len: kept whole, cut when read.
+        extra["longer_than_max_len"] = {c: longer.get(c, 0) for c in vocab.schema.lists}
+    m = Manifest(format="tfrecord" if fields else "libsvm", field_size=vocab.field_size,
+                 feature_size=vocab.feature_size, files=entries, positives=positives,
+                 vocabulary=VOCAB_NAME, extra=extra,
+                 fields=fields.to_json() if fields else None)
     m.write(out)
     return m

@@ -17,14 +17,24 @@ CRITEO_CATEGORICAL = [f"C{i}" for i in range(1, 27)]
 
 @dataclasses.dataclass
 class RawSchema:
-    """Which columns are the label, numeric and categorical fields (in field order)."""
+    """Which columns are the label, numeric, categorical and multi-valued fields (in field
+    order). A multi-valued cell (a multi_hot bag, or a sequence, oldest first) holds several
+    values joined by `separator` ('' = none)."""
     label: str | None
     numeric: list[str]
     categorical: list[str]
+    multi_hot: list[str] = dataclasses.field(default_factory=list)
+    separator: str = "|"
+    sequence: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def lists(self) -> list[str]:
+        """The multi-valued columns: multi_hot, then sequence."""
+        return self.multi_hot + self.sequence
 
     @property
     def fields(self) -> list[str]:
-        return self.numeric + self.categorical
+        return self.numeric + self.categorical + self.lists
 
 
 CRITEO = RawSchema("label", CRITEO_NUMERIC, CRITEO_CATEGORICAL)
@@ -37,17 +47,37 @@ class RawChunk:
     labels: np.ndarray | None     # float32 [n] 0/1, or None for unlabeled data
     numeric: np.ndarray           # float64 [n, n_numeric], NaN = missing
     categorical: np.ndarray       # object [n, n_categorical] of str, '' = missing
+    lists: np.ndarray | None = None   # object [n, schema.lists] of str, as in the file
 
 
 LABEL_NAMES = ("label", "click")
 
 
+@dataclasses.dataclass
+class ColumnRoles:
+    """What the user said of a CSV's columns (featurize --numeric, --multi-hot, --drop,
+    --separator); the rest is inferred from the header."""
+    numeric: tuple[str, ...] = ()
+    multi_hot: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+    separator: str = "|"
+    sequence: tuple[str, ...] = ()
+
+
 def infer_csv_schema(header: list[str], label: str | None = None, has_label: bool = True,
-                     path: str = "<csv>") -> RawSchema:
+                     path: str = "<csv>", roles: ColumnRoles = ColumnRoles()) -> RawSchema:
     """CSV header: the label column is `label_column` if given, else `label` or `click` in any
-    case; I<n> columns numeric; `id` ignored; everything else categorical. Labeled data
-    without a label column is refused: guessing would train on all-zero labels and feed the
-    real label in as a feature."""
+    case; I<n> columns and those named numeric are numeric; those named multi_hot or
+    sequence are multi-valued; `id` and those named in drop are ignored; everything else categorical.
+    Labeled data without a label column is refused: guessing would train on all-zero labels
+    and feed the real label in as a feature."""
+    for kind, cols in (("--numeric", roles.numeric), ("--multi-hot", roles.multi_hot),
+                       ("--sequence", roles.sequence),
+                       ("--drop", roles.drop)):
+        missing = [c for c in cols if c not in header]
+        if missing:
+            raise DataError(f"{kind} names {missing}, not in the header {_cols(header)}",
+                            path=path, line=1)
     if not has_label:
         label = None
     elif label is not None:
@@ -60,9 +90,13 @@ def infer_csv_schema(header: list[str], label: str | None = None, has_label: boo
             raise DataError(f"no label column ({' or '.join(LABEL_NAMES)}) in the header "
                             f"{_cols(header)}: name it with --label-column, or pass --no-label "
                             "for unlabeled rows", path=path, line=1)
-    numeric = [c for c in header if c[:1] == "I" and c[1:].isdigit()]
-    categorical = [c for c in header if c not in numeric and c not in (label, "id")]
-    return RawSchema(label, numeric, categorical)
+    taken = set(roles.multi_hot) | set(roles.sequence) | set(roles.drop) | {label, "id"}
+    numeric = [c for c in header if c not in taken and (
+        c in roles.numeric or (c[:1] == "I" and c[1:].isdigit()))]
+    categorical = [c for c in header if c not in numeric and c not in taken]
+    multi_hot = [c for c in header if c in roles.multi_hot]
+    sequence = [c for c in header if c in roles.sequence and c not in roles.multi_hot]
+    return RawSchema(label, numeric, categorical, multi_hot, roles.separator, sequence)
 
 
 def _cols(header: list[str]) -> str:
@@ -70,18 +104,21 @@ def _cols(header: list[str]) -> str:
 
 
 def read_raw(path: str, fmt: str, schema: RawSchema | None = None, chunk_rows: int = 200_000,
-             has_label: bool = True, label_column: str | None = None):
+             has_label: bool = True, label_column: str | None = None,
+             roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None):
     """Yields (schema, RawChunk) for a raw file. Criteo TSV rows may have fewer columns than 40
-    (trailing empty fields stripped): the missing ones are missing values, not an error."""
+    (trailing empty fields stripped): the missing ones are missing values, not an error.
+    `label_threshold`: the label column is a score (a rating); at least this is a click."""
     try:
-        yield from _read_raw(path, fmt, schema, chunk_rows, has_label, label_column)
+        yield from _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles,
+                             label_threshold)
     except pd.errors.EmptyDataError:
         raise DataError("file is empty (no header, no rows)", path=path) from None
     except UnicodeDecodeError as e:
         raise DataError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=path) from None
 
 
-def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column):
+def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles, label_threshold):
     if fmt == "criteo":
         schema = schema or CRITEO
         names = ([schema.label] if has_label else []) + schema.fields
@@ -98,7 +135,7 @@ def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column):
             raise DataError(f"a CSV needs a header with the label and feature columns, found "
                             f"{_cols(header)}", path=path, line=1)
         if schema is None:
-            schema = infer_csv_schema(header, label_column, has_label, path)
+            schema = infer_csv_schema(header, label_column, has_label, path, roles)
         elif has_label and (label_column or not schema.label):
             # A vocabulary's schema (built from unlabeled rows, or another label name).
             found = infer_csv_schema(header, label_column, True, path).label
@@ -115,23 +152,25 @@ def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column):
     line = 1 + header_lines
     try:
         for frame in reader:
-            yield schema, _to_chunk(frame.fillna(""), schema, path, line, has_label)
+            yield schema, _to_chunk(frame.fillna(""), schema, path, line, has_label,
+                                    label_threshold)
             line += len(frame)
     except pd.errors.ParserError as e:
         raise DataError(f"malformed row: {e}", path=path) from e
 
 
 def _to_chunk(frame: pd.DataFrame, schema: RawSchema, path: str, line: int,
-              has_label: bool) -> RawChunk:
+              has_label: bool, label_threshold: float | None = None) -> RawChunk:
     labels = None
     if has_label and schema.label:
         lab = pd.to_numeric(frame[schema.label], errors="coerce").to_numpy(np.float64)
-        bad = ~np.isin(lab, (0.0, 1.0))
+        bad = ~np.isin(lab, (0.0, 1.0)) if label_threshold is None else ~np.isfinite(lab)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise DataError(f"label {frame[schema.label].iloc[i]!r} is not 0 or 1", path=path,
+            what = "is not 0 or 1" if label_threshold is None else "is not a number"
+            raise DataError(f"label {frame[schema.label].iloc[i]!r} {what}", path=path,
                             line=line + i, field=schema.label)
-        labels = lab.astype(np.float32)
+        labels = (lab if label_threshold is None else lab >= label_threshold).astype(np.float32)
     numeric = np.empty((len(frame), len(schema.numeric)), np.float64)
     for j, col in enumerate(schema.numeric):
         text = frame[col]
@@ -144,7 +183,8 @@ def _to_chunk(frame: pd.DataFrame, schema: RawSchema, path: str, line: int,
         numeric[:, j] = num
     categorical = frame[schema.categorical].to_numpy(dtype=object) if schema.categorical \
         else np.empty((len(frame), 0), object)
-    return RawChunk(line, labels, numeric, categorical)
+    lists = frame[schema.lists].to_numpy(dtype=object) if schema.lists else None
+    return RawChunk(line, labels, numeric, categorical, lists)
 
 
 def has_csv_header(path: str) -> bool:

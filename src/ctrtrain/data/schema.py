@@ -9,12 +9,17 @@ feature of its own in each tf.train.Example, under its name:
     multi_hot    0 .. max_len ids (a bag),     int64 list of any length (the first max_len
                  pooled by sum, mean or sqrtn  are used); `<name>__w` float list of the same
                  (optional weights)            length when `weighted`
+    sequence     ordered ids, oldest first     int64 list of any length (the last max_len,
+                 (a history), kept in order    the most recent, are used)
+                 for models that attend over
+                 them; DeepFM pools them
 
 Parsed batches (input/pipeline.py) hold, besides `label`:
     ids, values   [B, categorical fields]   (values 1)
     numeric       [B, numeric fields]       (only when there are numeric fields)
-    bag_ids       [B, sum of max_len]       every multi_hot field padded to its max_len with
-    bag_weights   [B, sum of max_len]       -1 ids and weight 0, side by side, in field order
+    bag_ids       [B, sum of max_len]       every multi_hot and sequence field padded to its
+    bag_weights   [B, sum of max_len]       max_len with -1 ids and weight 0, side by side, in
+                                            field order (a sequence in its order)
 so that every distribution mode carries dense tensors of static width, and a model pools a
 bag over the ids it really holds.
 """
@@ -28,7 +33,8 @@ import numpy as np
 
 from ..errors import DataError
 
-KINDS = ("categorical", "numeric", "multi_hot")
+KINDS = ("categorical", "numeric", "multi_hot", "sequence")
+LISTS = ("multi_hot", "sequence")     # kinds with a variable number of ids per row
 POOLINGS = ("sum", "mean", "sqrtn")
 WEIGHTS_SUFFIX = "__w"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
@@ -39,14 +45,16 @@ _RESERVED = {"label", "ids", "values"}
 class Field:
     name: str
     kind: str = "categorical"
-    max_len: int = 1           # multi_hot: ids used per row (more are cut, and counted)
-    pooling: str = "sum"       # multi_hot
+    max_len: int = 1           # multi_hot, sequence: ids used per row (more are cut)
+    pooling: str = "sum"       # multi_hot, sequence (how a model that pools them pools)
     weighted: bool = False     # multi_hot: a weight per id (`<name>__w`)
 
     def to_json(self) -> dict:
         d = {"name": self.name, "kind": self.kind}
         if self.kind == "multi_hot":
             d.update(max_len=self.max_len, pooling=self.pooling, weighted=self.weighted)
+        elif self.kind == "sequence":
+            d.update(max_len=self.max_len, pooling=self.pooling)
         return d
 
 
@@ -62,9 +70,13 @@ class Schema:
         """Fields of the model's FM: every declared field (a bag pools into one)."""
         return len(self.fields)
 
+    def lists(self) -> list[Field]:
+        """The multi_hot and sequence fields, in field order: the batch's bag columns."""
+        return [f for f in self.fields if f.kind in LISTS]
+
     @property
     def bag_width(self) -> int:
-        return sum(f.max_len for f in self.of("multi_hot"))
+        return sum(f.max_len for f in self.lists())
 
     def to_json(self) -> list[dict]:
         return [f.to_json() for f in self.fields]
@@ -95,16 +107,19 @@ class Schema:
             names.add(name)
             if kind not in KINDS:
                 raise bad(i, f"kind {kind!r} is not one of {', '.join(KINDS)}")
-            if kind != "multi_hot":
+            if kind not in LISTS:
                 extra = {"max_len", "pooling", "weighted"} & set(d)
                 if extra:
-                    raise bad(i, f"{sorted(extra)} apply to multi_hot fields only")
+                    raise bad(i, f"{sorted(extra)} apply to multi_hot and sequence fields only")
                 out.append(Field(name, kind))
                 continue
-            max_len, pooling = d.get("max_len"), d.get("pooling", "sum")
+            max_len = d.get("max_len")
+            pooling = d.get("pooling", "sum" if kind == "multi_hot" else "mean")
             weighted = d.get("weighted", False)
+            if kind == "sequence" and "weighted" in d:
+                raise bad(i, "a sequence field has no weights")
             if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
-                raise bad(i, f"a multi_hot field needs max_len, a positive integer "
+                raise bad(i, f"a {kind} field needs max_len, a positive integer "
                           f"(not {max_len!r})")
             if pooling not in POOLINGS:
                 raise bad(i, f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
@@ -123,7 +138,7 @@ def feature_spec(schema: Schema) -> dict:
             spec[f.name] = tf.io.FixedLenFeature([1], tf.int64)
         elif f.kind == "numeric":
             spec[f.name] = tf.io.FixedLenFeature([1], tf.float32)
-        else:
+        else:   # multi_hot, sequence
             spec[f.name] = tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64)
             if f.weighted:
                 spec[f.name + WEIGHTS_SUFFIX] = tf.io.RaggedFeature(
@@ -134,10 +149,24 @@ def feature_spec(schema: Schema) -> dict:
 @dataclasses.dataclass
 class FieldRows:
     """A block of examples in a declared schema: per field, a column.
-    categorical: int64 [n]; numeric: float32 [n]; multi_hot: (lengths int64 [n], ids int64
-    [sum of lengths], weights float32 [same] or None), row after row."""
+    categorical: int64 [n]; numeric: float32 [n]; multi_hot, sequence: (lengths int64 [n],
+    ids int64 [sum of lengths], weights float32 [same] or None), row after row."""
     labels: np.ndarray
     columns: dict
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    def slice(self, start: int, stop: int) -> "FieldRows":
+        """Rows [start, stop)."""
+        columns = {}
+        for name, col in self.columns.items():
+            if isinstance(col, tuple):
+                lengths, ids, weights = col
+                ends = np.concatenate([[0], np.cumsum(lengths)])
+                lo, hi = int(ends[start]), int(ends[min(stop, len(lengths))])
+                columns[name] = (lengths[start:stop], ids[lo:hi],
+                                 None if weights is None else weights[lo:hi])
+            else:
+                columns[name] = col[start:stop]
+        return FieldRows(self.labels[start:stop], columns)

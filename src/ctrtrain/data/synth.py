@@ -4,8 +4,11 @@
 26 categorical (or fewer of each: numeric_fields, categorical_fields) whose cardinalities are Criteo Kaggle's scaled to the requested feature_size,
 ids Zipf-distributed within each field. With multi_hot_fields, each row also has that many bags
 of 0 to multi_hot_len ids (a length drawn uniformly, 0 included) from a vocabulary of their own,
-which the hidden model mean-pools into one field; such data declares its fields (numeric,
-categorical, multi_hot: data/schema.py) and is written as TFRecord. Labels are drawn from a hidden FM + linear model; the
+which the hidden model mean-pools into one field; with sequence_fields, that many histories of
+0 to 2 x sequence_len ids of which the hidden model mean-pools the last sequence_len (the
+declared max_len: a reader that kept the oldest ids instead would miss the signal). Such data
+declares its fields (numeric, categorical, multi_hot, sequence: data/schema.py) and is written
+as TFRecord. Labels are drawn from a hidden FM + linear model; the
 true click probability of every row is known, so the AUC of those probabilities on the test
 split is the best any model can reach: the yardstick training is judged by. Signal fades with
 an id's rarity (rare ids carry small weights), as in real logs, so enough rows make the bound
@@ -57,33 +60,43 @@ class SynthConfig:
     categorical_fields: int = len(CRITEO_CARDINALITIES)  # the first this many of Criteo's 26
     multi_hot_fields: int = 0    # bags of ids (declared fields, TFRecord output)
     multi_hot_len: int = 5       # a bag holds 0 to this many ids
-    multi_hot_vocab: int = 1000  # distinct ids of each bag field
+    multi_hot_vocab: int = 1000  # distinct ids of each multi_hot and sequence field
+    sequence_fields: int = 0     # histories of ids (declared fields, TFRecord output)
+    sequence_len: int = 10       # a history's max_len; rows hold 0 to twice as many ids
 
     @property
     def field_size(self) -> int:
-        return self.numeric_fields + self.categorical_fields + self.multi_hot_fields
+        return (self.numeric_fields + self.categorical_fields + self.multi_hot_fields
+                + self.sequence_fields)
+
+    @property
+    def list_fields(self) -> int:
+        return self.multi_hot_fields + self.sequence_fields
 
     def schema(self):
-        """The declared fields (with multi_hot_fields), or None: the fixed schema."""
-        if not self.multi_hot_fields:
+        """The declared fields (with multi_hot or sequence fields), or None: the fixed schema."""
+        if not self.list_fields:
             return None
         from .schema import Field, Schema
         return Schema(tuple(
             [Field(f"I{j + 1}", "numeric") for j in range(self.numeric_fields)]
             + [Field(f"C{j + 1}") for j in range(self.categorical_fields)]
             + [Field(f"M{j + 1}", "multi_hot", self.multi_hot_len, "mean")
-               for j in range(self.multi_hot_fields)]))
+               for j in range(self.multi_hot_fields)]
+            + [Field(f"S{j + 1}", "sequence", self.sequence_len, "mean")
+               for j in range(self.sequence_fields)]))
 
     def cardinalities(self) -> list[int]:
         if not 0 <= self.numeric_fields <= N_NUMERIC or not (
                 1 <= self.categorical_fields <= len(CRITEO_CARDINALITIES)):
             raise DataError(f"numeric_fields must be 0..{N_NUMERIC} and categorical_fields "
                             f"1..{len(CRITEO_CARDINALITIES)}", field="fields")
-        if self.multi_hot_fields < 0 or self.multi_hot_len < 1 or self.multi_hot_vocab < 2:
-            raise DataError("multi_hot_fields must be >= 0, multi_hot_len >= 1 and "
-                            "multi_hot_vocab >= 2", field="multi_hot")
+        if min(self.multi_hot_fields, self.sequence_fields) < 0 or self.multi_hot_len < 1 \
+                or self.sequence_len < 1 or self.multi_hot_vocab < 2:
+            raise DataError("multi_hot_fields and sequence_fields must be >= 0, multi_hot_len "
+                            "and sequence_len >= 1, multi_hot_vocab >= 2", field="multi_hot")
         criteo = CRITEO_CARDINALITIES[:self.categorical_fields]
-        budget = self.feature_size - self.numeric_fields - self.multi_hot_fields * self.multi_hot_vocab
+        budget = self.feature_size - self.numeric_fields - self.list_fields * self.multi_hot_vocab
         if budget < 2 * len(criteo):
             least = self.feature_size - budget + 2 * len(criteo)
             raise DataError(f"feature_size must be at least {least}", field="feature_size")
@@ -91,7 +104,7 @@ class SynthConfig:
         scale = (budget - sum(small)) / max(sum(c for c in criteo if c > 100), 1)
         cards = [c if c <= 100 else max(2, int(round(c * scale))) for c in criteo]
         cards[int(np.argmax(cards))] += budget - sum(cards)  # exact total
-        return cards + [self.multi_hot_vocab] * self.multi_hot_fields
+        return cards + [self.multi_hot_vocab] * self.list_fields
 
     def split_bounds(self) -> dict[str, tuple[int, int]]:
         n_test = int(round(self.rows * self.test_fraction))
@@ -133,9 +146,10 @@ class HiddenModel:
         self.bias = (lo + hi) / 2
 
     def sample_features(self, rng, n: int):
-        """(ids [n, single fields], values, bags): bags = [(lengths [n], ids)] per bag field."""
-        numeric, bags = self.cfg.numeric_fields, self.cfg.multi_hot_fields
-        single = len(self.cards) - bags
+        """(ids [n, single fields], values, bags): bags = [(lengths [n], ids)] per multi_hot
+        then sequence field, every id of the row (a sequence longer than its max_len too)."""
+        numeric, cfg = self.cfg.numeric_fields, self.cfg
+        single = len(self.cards) - cfg.list_fields
         ids = np.empty((n, numeric + single), np.int64)
         values = np.ones((n, numeric + single), np.float32)
         ids[:, :numeric] = np.arange(numeric)
@@ -148,7 +162,9 @@ class HiddenModel:
                 r = np.minimum(np.searchsorted(cdf, rng.random(n)), len(cdf) - 1)
                 ids[:, numeric + j] = base + r
             else:
-                lengths = rng.integers(0, self.cfg.multi_hot_len + 1, n)
+                longest = cfg.multi_hot_len if j < single + cfg.multi_hot_fields \
+                    else 2 * cfg.sequence_len
+                lengths = rng.integers(0, longest + 1, n)
                 r = np.minimum(np.searchsorted(cdf, rng.random(int(lengths.sum()))), len(cdf) - 1)
                 out_bags.append((lengths, base + r))
         return ids, values, out_bags
@@ -158,7 +174,10 @@ class HiddenModel:
         lin = (self.w[ids] * x).sum(1)
         vx = self.v[ids] * x[..., None]
         if bags:
-            # Each bag is one more field: the mean of its ids' weights and vectors (0 if empty).
+            # Each bag is one more field: the mean of its ids' weights and vectors (0 if empty);
+            # of a sequence, the mean of its last sequence_len ids.
+            bags = [b if j < self.cfg.multi_hot_fields else _last(*b, self.cfg.sequence_len)
+                    for j, b in enumerate(bags)]
             pooled = [_mean_pool(self.v[bag_ids], lengths) for lengths, bag_ids in bags]
             lin = lin + sum(_mean_pool(self.w[bag_ids][:, None], lengths)[:, 0]
                             for lengths, bag_ids in bags)
@@ -169,6 +188,14 @@ class HiddenModel:
     def probability(self, ids, values, bags=()) -> np.ndarray:
         lin, fm = self._parts(ids, values, bags)
         return 1 / (1 + np.exp(-(self.bias + self.a * lin + self.b * fm)))
+
+
+def _last(lengths: np.ndarray, ids: np.ndarray, keep: int):
+    """(lengths, ids) of each row's last `keep` ids."""
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    position = np.arange(len(ids)) - starts
+    kept = position >= np.repeat(lengths - keep, lengths)
+    return np.minimum(lengths, keep), ids[kept]
 
 
 def _mean_pool(rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -197,7 +224,7 @@ def _block_rows(cfg: SynthConfig, block: int, start: int, stop: int):
     numeric = cfg.numeric_fields
     columns = {f.name: values[a:b, j] for j, f in enumerate(schema.of("numeric"))}
     columns.update({f.name: ids[a:b, numeric + j] for j, f in enumerate(schema.of("categorical"))})
-    for f, (lengths, bag_ids) in zip(schema.of("multi_hot"), bags):
+    for f, (lengths, bag_ids) in zip(schema.lists(), bags):
         ends = np.cumsum(lengths)
         lo, hi = (int(ends[a - 1]) if a else 0), int(ends[b - 1])
         columns[f.name] = (lengths[a:b], bag_ids[lo:hi], None)

@@ -142,7 +142,7 @@ def encode_field_examples(rows, schema) -> list[bytes]:
                 h = heads.get(len(b)) or heads.setdefault(
                     len(b), _feature_entry_header(f.name, _INT64_LIST, len(b)))
                 parts[i].append(h + b)
-        else:
+        else:   # multi_hot, sequence
             lengths, ids, weights = col
             ends = np.cumsum(lengths).tolist()
             ids = np.asarray(ids, np.int64).tolist()

@@ -103,7 +103,8 @@ def file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
 
 def _declared_rows(path: str, schema, feature_size: int | None, compression: str | None):
     """file_rows of a declared schema: each row's label, every id of its categorical and
-    multi_hot fields, its numeric values and bag weights (one finite weight per id)."""
+    multi_hot and sequence fields, its numeric values and bag weights (one finite weight per
+    id)."""
     from .schema import WEIGHTS_SUFFIX, FieldRows
     from .tfrecord import read_field_blocks
     top = feature_size if feature_size is not None else np.iinfo(np.int64).max
@@ -133,7 +134,7 @@ def _declared_rows(path: str, schema, feature_size: int | None, compression: str
             flag(np.isin(np.arange(len(labels)), list(first)),
                  lambda i, f=f, first=first: f"id {first[i]} of {f.name} is outside "
                                              f"[0, {feature_size})")
-            if f.kind == "multi_hot" and f.weighted:
+            if f.weighted:
                 w = b[f.name + WEIGHTS_SUFFIX]
                 flag(w.row_lengths().numpy() != v.row_lengths().numpy(),
                      lambda i, f=f: f"{f.name}{WEIGHTS_SUFFIX} does not have one weight per "

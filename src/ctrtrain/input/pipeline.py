@@ -47,7 +47,8 @@ def parse_tfrecord_batch(serialized, field_size: int):
 def parse_fields_batch(serialized, schema):
     """A batch of a declared schema's Examples (data/schema.py) in the batch layout
     documented there: categorical ids [B, C] (values 1), numeric [B, N], every bag cut to its
-    max_len and padded with -1 ids and 0 weights into bag_ids / bag_weights [B, sum max_len]."""
+    max_len (a multi_hot's first ids, a sequence's last) and padded with -1 ids and 0 weights
+    into bag_ids / bag_weights [B, sum max_len]."""
     from ..data.schema import WEIGHTS_SUFFIX
     from ..data.schema import feature_spec as fields_spec
     f = tf.io.parse_example(serialized, fields_spec(schema))
@@ -58,7 +59,7 @@ def parse_fields_batch(serialized, schema):
     out["values"] = tf.ones_like(out["ids"], tf.float32)
     if schema.of("numeric"):
         out["numeric"] = tf.concat([f[c.name] for c in schema.of("numeric")], 1)
-    bags = schema.of("multi_hot")
+    bags = schema.lists()
     if bags:
         ids, weights = [], []
         for b in bags:
@@ -71,8 +72,9 @@ def parse_fields_batch(serialized, schema):
                             f"weight per id of {b.name}")
             else:
                 w = tf.ones_like(bag, tf.float32)
-            ids.append(bag[:, :b.max_len].to_tensor(-1, shape=[None, b.max_len]))
-            weights.append(w[:, :b.max_len].to_tensor(0.0, shape=[None, b.max_len]))
+            kept = slice(-b.max_len, None) if b.kind == "sequence" else slice(None, b.max_len)
+            ids.append(bag[:, kept].to_tensor(-1, shape=[None, b.max_len]))
+            weights.append(w[:, kept].to_tensor(0.0, shape=[None, b.max_len]))
         out["bag_ids"] = tf.concat(ids, 1)
         out["bag_weights"] = tf.concat(weights, 1)
     return out

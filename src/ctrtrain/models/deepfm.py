@@ -24,7 +24,8 @@ Declared fields (data/schema.py) enter the same block, one slot per field:
     value, as the paper's dense features (and the fixed schema's value per id) are;
   - a multi_hot field is the pooled sum of its ids' rows times their weights (divided by the
     weights' sum for `mean`, by the root of their squares' sum for `sqrtn`; 0 for an empty
-    bag): one field of the FM, first-order weight included. Its ids join the batch's one
+    bag): one field of the FM, first-order weight included. DeepFM has no attention, so a
+    sequence field is pooled the same way, as its declaration says. Its ids join the batch's one
     de-duplication, so a bag costs O(its ids), and the padding (-1) is never looked up.
 """
 
@@ -51,7 +52,8 @@ class DeepFMConfig:
     seed: int = 0
     initial_bias: float = 0.0     # the output bias at the start: logit of the positive rate
     numeric_fields: int = 0       # declared numeric fields: rows feature_size .. + this
-    bags: tuple[tuple[int, str], ...] = ()   # (max_len, pooling) of each multi_hot field
+    bags: tuple[tuple[int, str], ...] = ()   # (max_len, pooling) of each multi_hot or
+                                             # sequence field, in field order
 
     def rates(self) -> tuple[float, ...]:
         d = self.dropout
@@ -73,7 +75,7 @@ class DeepFM(tf.Module):
         self.table = tf.Variable(
             lambda: tf.concat([tf.zeros([rows, 1]), init_v([rows, k])], 1),
             name="fm_table", shape=(rows, 1 + k), dtype=tf.float32)
-        # The bag (multi_hot field) each column of bag_ids belongs to.
+        # The bag (multi_hot or sequence field) each column of bag_ids belongs to.
         self.bag_of_column = tf.constant(
             [j for j, (max_len, _) in enumerate(cfg.bags) for _ in range(max_len)], tf.int64)
         # Starting at the data's base rate, early steps are calibrated on rare-positive data

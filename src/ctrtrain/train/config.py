@@ -418,5 +418,5 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
                         mixed_precision=cfg.mixed_precision, xla=cfg.xla, seed=cfg.seed,
                         initial_bias=bias,
                         numeric_fields=len(schema.of("numeric")) if schema else 0,
-                        bags=tuple((f.max_len, f.pooling) for f in schema.of("multi_hot"))
+                        bags=tuple((f.max_len, f.pooling) for f in schema.lists())
                         if schema else ())

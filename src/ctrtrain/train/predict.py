@@ -68,20 +68,32 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
         return
     if input_format != "raw":
         raise DataError(f"unknown input format {input_format!r}")
-    if info.get("fields"):
-        raise DataError("raw rows of declared fields are not read yet: give the model "
-                        "TFRecords made with its fields", path=inputs[0])
     from ..data.featurize import Vocabulary, featurize_file
     vocab_path = vocab or os.path.join(export_dir, EXTRA, VOCAB)
     if not os.path.exists(vocab_path):
         raise DataError("raw rows need the featurization vocabulary: the model has none "
                         "(pass --vocab)", path=vocab_path)
     v = Vocabulary.load(vocab_path)
+    if v.declared and v.fields().to_json() != info.get("fields"):
+        raise DataError("the vocabulary declares other fields than the model was trained on",
+                        path=vocab_path)
     for f in inputs:
         for rows in featurize_file(f, v, has_label=has_label):
             for a in range(0, len(rows), batch):
-                yield (rows.labels[a:a + batch] if has_label else None,
-                       {"ids": rows.ids[a:a + batch], "values": rows.values[a:a + batch]})
+                labels = rows.labels[a:a + batch] if has_label else None
+                if not v.declared:
+                    yield labels, {"ids": rows.ids[a:a + batch], "values": rows.values[a:a + batch]}
+                    continue
+                # Declared fields reach the model as training read them: encoded as the
+                # TFRecords featurize writes, parsed by the training pipeline's own parser.
+                import tensorflow as tf
+
+                from ..data.tfrecord import encode_field_examples
+                from ..input.pipeline import parse_fields_batch
+                fields = v.fields()
+                part = rows.slice(a, a + batch)
+                parsed = parse_fields_batch(tf.constant(encode_field_examples(part, fields)), fields)
+                yield labels, {k: t.numpy() for k, t in parsed.items() if k != "label"}
 
 
 def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: str | None = None,
