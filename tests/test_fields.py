@@ -37,6 +37,16 @@ def read_probs(path):
         return np.array([float(r["prob"]) for r in csv.DictReader(f)], np.float32)
 
 
+def served_from_examples(export_base, files):
+    """The SavedModel's `examples` signature on the files' serialized records, in order."""
+    import tensorflow as tf
+
+    from ctrtrain.train.export import latest_export
+    serve = tf.saved_model.load(latest_export(export_base)).signatures["examples"]
+    records = [r.numpy() for r in tf.data.TFRecordDataset([str(f) for f in files])]
+    return serve(examples=tf.constant(records))["prob"].numpy()
+
+
 @pytest.fixture(scope="module")
 def declared(tmp_path_factory):
     """Synthesized splits with 2 numeric, 5 categorical, 2 multi_hot fields (bags of 0 to 4
@@ -68,10 +78,20 @@ def test_field_declarations_are_checked_by_name():
             ([{"name": "a"}, {"name": "a"}], "declared twice"),
             ([{"name": "label"}], "name 'label'"),
             ([{"name": "g", "kind": "categorical", "bucket": 3}], "unknown key"),
-            ([], "non-empty list")]:
+            ([], "non-empty list"),
+            ([{"name": "x", "kind": "numeric", "hash_buckets": 9, "hash_base": 0}],
+             "not hashed"),
+            ([{"name": "u", "hash_buckets": 9}], "hash_buckets and hash_base go together")]:
         with pytest.raises(DataError) as e:
             Schema.from_json(fields, where="m.json")
         assert said in str(e.value) and "m.json" in str(e.value), (fields, str(e.value))
+    hashed = Schema.from_json([{"name": "u", "hash_buckets": 10, "hash_base": 90},
+                               {"name": "g", "kind": "multi_hot", "max_len": 2,
+                                "hash_buckets": 10, "hash_base": 95}])
+    with pytest.raises(DataError, match="g's hashed ids 95..104 overlap u's"):
+        hashed.check_ids(200)
+    with pytest.raises(DataError, match="exceed feature_size 99"):
+        Schema.from_json([{"name": "u", "hash_buckets": 10, "hash_base": 90}]).check_ids(99)
 
 
 def test_field_examples_round_trip_through_tensorflow():
@@ -133,6 +153,13 @@ def test_pooling_follows_the_declaration():
         # An empty bag and a zero numeric: nothing but the bias and the MLP of zeros.
         zero = m._mlp(tf.zeros([1, 8]), False).numpy()[0]
         assert np.isclose(logits.numpy()[1], zero, atol=1e-6), pooling
+    # A data set of bags alone (no single field to tell the batch size).
+    m = DeepFM(DeepFMConfig(feature_size=10, field_size=1, embedding_size=3, deep_layers=(4,),
+                            bags=((2, "mean"),)))
+    logits, _ = m({"ids": tf.zeros([3, 0], tf.int64), "values": tf.zeros([3, 0]),
+                   "bag_ids": tf.constant([[1, 2], [-1, -1], [3, -1]], tf.int64),
+                   "bag_weights": tf.constant([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]])})
+    assert logits.shape == [3]
 
 
 @pytest.mark.tf215
@@ -158,6 +185,9 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
     files = sorted((declared / "test").glob("*.tfrecord"))
     ok("predict", "--model", md / "export", "--input", *files, "--out", tmp_path / "f.csv")
     np.testing.assert_allclose(read_probs(tmp_path / "f.csv"), trained, rtol=1e-5, atol=1e-6)
+    # A serving client may send the records themselves (no label): the same probabilities.
+    np.testing.assert_allclose(served_from_examples(md / "export", files), trained,
+                               rtol=1e-5, atol=1e-6)
     # Data of other fields is refused by name, not predicted from.
     bad = ctrtrain("predict", "--model", md / "export", "--input", PREVIOUS / "test",
                    "--out", tmp_path / "x.csv")
@@ -224,6 +254,11 @@ def test_previous_release_data_and_models_work_unchanged(tmp_path):
     result = json.loads((md / "result.json").read_text())
     assert result["step"] == 36 and result["test"]["examples"] == 300
     assert not (md / "export" / "36" / "assets.extra" / "ctrtrain.json").read_text().count('"fields"')
+    # Today's export of the fixed schema serves its records too, as `predict` scores them.
+    ok("predict", "--model", md / "export", "--input", PREVIOUS / "test", "--out", tmp_path / "n.csv")
+    np.testing.assert_allclose(
+        served_from_examples(md / "export", sorted((PREVIOUS / "test").glob("*.tfrecord"))),
+        read_probs(tmp_path / "n.csv"), rtol=1e-5, atol=1e-6)
 
 
 def write_declared(directory: Path, schema: Schema, rows: FieldRows, feature_size: int):
@@ -350,3 +385,59 @@ def test_featurize_a_history_column_as_a_sequence(movielens_csvs, tmp_path):
     assert f"history: {over} rows hold more than max_len 2 values" in r.stdout
     assert "read the last max_len" in r.stdout
     ok("data", "validate", tmp_path / "f")
+
+
+@pytest.mark.slow
+def test_bench_train_compares_a_multi_hot_set_with_the_one_hot_reference(tmp_path):
+    """`bench train --multi-hot-fields`: both sets trained in one run, compared in ids per
+    second (small sizes: the figure itself comes from the full-size run in docs/)."""
+    out = tmp_path / "b.json"
+    ok("bench", "train", "--multi-hot-fields", 2, "--multi-hot-len", 4, "--rows", 8000,
+       "--feature-size", 30_000, "--steps", 10, "--warmup", 2, "--repeats", 1,
+       "--work-dir", tmp_path / "w", "--json", out, timeout=900)
+    b = json.loads(out.read_text())
+    one, multi = b["sets"]["one-hot"], b["sets"]["multi-hot 2x4"]
+    assert one["ids_per_example"] == 39          # 13 numeric + 26 categorical, one id each
+    # 13 + 24 single ids and 2 bags of 0 to 4 ids (2 on average): about 41.
+    assert 39 < multi["ids_per_example"] < 43, multi["ids_per_example"]
+    for s in (one, multi):
+        assert s["ids_per_s"] == pytest.approx(s["examples_per_s"] * s["ids_per_example"])
+    assert b["ids_per_s_ratio"] == pytest.approx(multi["ids_per_s"] / one["ids_per_s"])
+    manifest = json.loads((Path(multi["data"]) / "manifest.json").read_text())
+    assert [f["kind"] for f in manifest["fields"]].count("multi_hot") == 2
+
+
+def test_fields_hashed_at_training_time_serve_raw_strings(movielens_csvs, tmp_path):
+    """featurize --hash-buckets with a multi-valued column: the files keep the raw values and
+    each field declares its hash; training, the raw-CSV prediction and a client's own
+    tf.train.Example of raw strings sent to the `examples` signature all agree."""
+    import pandas as pd
+    import tensorflow as tf
+    d = movielens_csvs
+    ok("data", "featurize", d / "train.csv", "--out", tmp_path / "train", "--label-column",
+       "rating", "--label-threshold", "4", "--multi-hot", "genres", "--drop", "title,timestamp",
+       "--hash-buckets", 500)
+    ok("data", "featurize", d / "test.csv", "--out", tmp_path / "test",
+       "--vocab", tmp_path / "train" / "vocab.json")
+    ok("data", "validate", tmp_path / "test")
+    m = json.loads((tmp_path / "train" / "manifest.json").read_text())
+    hashed = {f["name"]: (f["hash_base"], f["hash_buckets"]) for f in m["fields"]}
+    assert sorted(b for b, _ in hashed.values()) == list(range(0, 500 * len(hashed), 500))
+    assert m["feature_size"] == 500 * len(hashed) and hashed["genres"][1] == 500
+    md = tmp_path / "model"
+    ok("train", "--train", tmp_path / "train", "--test", tmp_path / "test", "--model-dir", md,
+       "--epochs", 3, "--batch-size", 32, "--predictions", "auto")
+    trained = read_probs(md / "predictions.csv")
+    ok("predict", "--model", md / "export", "--input", d / "test.csv", "--out", tmp_path / "p.csv")
+    np.testing.assert_allclose(read_probs(tmp_path / "p.csv"), trained, rtol=1e-6, atol=1e-7)
+    # A client builds the Example from the raw row, as TF Serving users do.
+    row = pd.read_csv(d / "test.csv", dtype=str).iloc[0]
+    feats = {c: tf.train.Feature(bytes_list=tf.train.BytesList(value=[row[c].encode()]))
+             for c in ("user_id", "movie_id", "gender", "age", "occupation", "zip")}
+    feats["genres"] = tf.train.Feature(bytes_list=tf.train.BytesList(
+        value=[g.encode() for g in row["genres"].split("|")]))
+    example = tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+    from ctrtrain.train.export import latest_export
+    serve = tf.saved_model.load(latest_export(md / "export")).signatures["examples"]
+    prob = serve(examples=tf.constant([example]))["prob"].numpy()[0]
+    assert prob == pytest.approx(trained[0], rel=1e-5, abs=1e-6)

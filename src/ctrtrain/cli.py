@@ -291,6 +291,11 @@ def _bench_commands(sub):
     p.add_argument("--estimator-python", default=None,
                    help="a python with tf.estimator (TF 2.15: .venv-hvd/bin/python) to measure "
                         "the SageMaker DeepFM sample's Estimator in the same run")
+    p.add_argument("--multi-hot-fields", type=POSITIVE, default=None,
+                   help="instead: the reference data beside the same data with this many of its "
+                        "categorical fields made multi_hot bags, compared in ids per second")
+    p.add_argument("--multi-hot-len", type=POSITIVE, default=5,
+                   help="with --multi-hot-fields: a bag holds 0 to this many ids")
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_train)
@@ -389,7 +394,15 @@ def cmd_bench_quality(a):
 
 
 def cmd_bench_train(a):
-    from .bench.train_bench import run_train_bench
+    from .bench.train_bench import run_multi_hot_bench, run_train_bench
+    if a.multi_hot_fields:
+        if a.data or a.variants or a.estimator_python:
+            raise ConfigError("--multi-hot-fields compares two synthesized sets: without "
+                              "--data, --variants or --estimator-python")
+        run_multi_hot_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size,
+                            fields=a.multi_hot_fields, length=a.multi_hot_len, steps=a.steps,
+                            warmup=a.warmup, repeats=a.repeats, json_path=a.json)
+        return
     variants = {"reference": {}}
     if a.variants:
         import yaml

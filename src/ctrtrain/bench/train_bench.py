@@ -51,15 +51,45 @@ def reference_run() -> dict:
     return {k: v for k, v in REFERENCE.items() if k not in ("rows", "feature_size", "zipf")}
 
 
-def distinct_rows_per_batch(data: str, batch_size: int, batches: int = 20) -> float:
-    """Mean distinct table rows a batch touches (the sparse update's work), over the first
-    batches of the shuffled training stream."""
+def prepare_multi_hot_data(work: Path, rows: int, feature_size: int, fields: int, length: int,
+                           zipf: float = REFERENCE["zipf"]) -> Path:
+    """The reference data with `fields` of its 26 categorical fields replaced by multi_hot
+    bags of 0 to `length` ids (a keyword vocabulary each: 20,000 ids in a table of 1M, a
+    fiftieth of smaller tables), made once."""
+    vocab = min(20_000, max(2, feature_size // 50))
+    from ..data.manifest import MANIFEST_NAME
+    from ..data.synth import CRITEO_CARDINALITIES, SynthConfig, synthesize
+    out = work / f"multihot-{rows}-{feature_size}-{fields}x{length}-zipf{zipf}"
+    if (out / "train" / MANIFEST_NAME).exists():
+        return out / "train"
+    synthesize(out, SynthConfig(rows=rows, feature_size=feature_size, zipf=zipf,
+                                valid_fraction=0.0, test_fraction=0.0, files_per_split=8,
+                                categorical_fields=len(CRITEO_CARDINALITIES) - fields,
+                                multi_hot_fields=fields, multi_hot_len=length,
+                                multi_hot_vocab=vocab), overwrite=True)
+    return out / "train"
+
+
+def batch_stats(data: str, batch_size: int, batches: int = 20) -> dict:
+    """Over the first batches of the shuffled training stream: the mean distinct table rows
+    a batch touches (the sparse update's work) and the ids an example holds (every field's,
+    a bag's real ids, a numeric field's row)."""
     import numpy as np
 
     from ..input.pipeline import PipelineConfig, dataset_from_dir
     ds, _ = dataset_from_dir(data, PipelineConfig(batch_size=batch_size), training=True)
-    counts = [len(np.unique(b["ids"].numpy())) for b in ds.take(batches)]
-    return float(np.mean(counts))
+    distinct, ids = [], []
+    for b in ds.take(batches):
+        held = [b["ids"].numpy().ravel()]
+        if "bag_ids" in b:
+            bag = b["bag_ids"].numpy().ravel()
+            held.append(bag[bag >= 0])
+        n_numeric = b["numeric"].shape[1] if "numeric" in b else 0
+        every = np.concatenate(held)
+        distinct.append(len(np.unique(every)) + n_numeric)
+        ids.append((len(every) + n_numeric * b["label"].shape[0]) / b["label"].shape[0])
+    return {"distinct_rows_per_batch": float(np.mean(distinct)),
+            "ids_per_example": float(np.mean(ids))}
 
 
 def _run_worker(kind: str, params: dict) -> dict:
@@ -218,11 +248,50 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     return out
 
 
+def run_multi_hot_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
+                        feature_size=REFERENCE["feature_size"], fields: int = 5, length: int = 5,
+                        steps=300, warmup=50, repeats=3, json_path=None) -> dict:
+    """The reference configuration on the one-hot reference data and on the same data with
+    `fields` categorical fields made bags of 0 to `length` ids, in one run (repeats go round
+    the two, so machine drift falls on both alike). A bag is more ids per example, so the
+    figure compared is ids per second: examples/s x ids per example."""
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    sets = {"one-hot": prepare_reference_data(work, rows, feature_size),
+            f"multi-hot {fields}x{length}": prepare_multi_hot_data(work, rows, feature_size,
+                                                                 fields, length)}
+    base = reference_run()
+    base.update(steps=steps, warmup=warmup, window=50)
+    out = {"machine": describe_machine(), "config": {**REFERENCE, "rows": rows,
+           "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats,
+           "multi_hot_fields": fields, "multi_hot_len": length}, "sets": {}}
+    stats = {name: _run_worker("sparsity", {"data": str(d), "batch_size": base["batch_size"]})
+             for name, d in sets.items()}
+    runs: dict[str, list] = {name: [] for name in sets}
+    for _ in range(repeats):
+        for name, d in sets.items():
+            runs[name].append(_run_worker("train", {**base, "data": str(d)}))
+    for name, d in sets.items():
+        med = {k: statistics.median(r[k] for r in runs[name]) for k in runs[name][0]}
+        med.update(stats[name], data=str(d), runs=[r["examples_per_s"] for r in runs[name]],
+                   ids_per_s=med["examples_per_s"] * stats[name]["ids_per_example"])
+        out["sets"][name] = med
+        print(f"{name:18s} {med['examples_per_s']:>9,.0f} ex/s  {med['ids_per_example']:5.1f} ids "
+              f"per example  {med['ids_per_s']:>11,.0f} ids/s  "
+              f"{med['distinct_rows_per_batch']:>7,.0f} distinct rows per batch  "
+              f"step {med['step_ms']:6.2f} ms (input-bound {med['input_bound']:.1%})", flush=True)
+    one, multi = out["sets"].values()
+    out["ids_per_s_ratio"] = multi["ids_per_s"] / one["ids_per_s"]
+    print(f"multi-hot / one-hot ids per second: {out['ids_per_s_ratio']:.2f}", flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
 if __name__ == "__main__":
     kind, params = sys.argv[1], json.loads(sys.argv[2])
     if kind == "sparsity":
-        result = {"distinct_rows_per_batch": distinct_rows_per_batch(params["data"],
-                                                                     params["batch_size"])}
+        result = batch_stats(params["data"], params["batch_size"])
     else:
         result = (_train_worker if kind == "train" else _dense_worker)(params)
     print(json.dumps(result))

@@ -13,7 +13,11 @@ bags (each value an id of the column's vocabulary or hash; an empty cell is an e
 mean-pooled, max_len the longest bag of the training files (or --max-len). `--sequence`
 columns are ordered histories (oldest first) and become `sequence` fields the same way. A
 longer bag at test or predict time is kept whole in the file and cut to max_len when read
-(a bag's first ids, a sequence's last); featurize counts such rows.
+(a bag's first ids, a sequence's last); featurize counts such rows. With --hash-buckets the
+declared fields are hashed at training time: the files hold the raw values (strings) and each
+field declares its hash_buckets and hash_base, so training, evaluation and the exported model
+hash alike (TensorFlow's Fingerprint64, not the fixed schema's featurize-time crc32) and a
+served model takes raw strings.
 """
 
 from __future__ import annotations
@@ -60,11 +64,14 @@ class Vocabulary:
         """The declared fields (data/schema.py) of this vocabulary's output."""
         from .schema import Field, Schema
         s = self.schema
+        hashing = {c: {"hash_buckets": self.hash_buckets, "hash_base": base}
+                   for c, base in zip(s.categorical + s.lists, self.bases())
+                   } if self.mode == "hash" else {}
         return Schema(tuple([Field(c, "numeric") for c in s.numeric]
-                            + [Field(c) for c in s.categorical]
-                            + [Field(c, "multi_hot", self.max_len[c], "mean")
+                            + [Field(c, **hashing.get(c, {})) for c in s.categorical]
+                            + [Field(c, "multi_hot", self.max_len[c], "mean", **hashing.get(c, {}))
                                for c in s.multi_hot]
-                            + [Field(c, "sequence", self.max_len[c], "mean")
+                            + [Field(c, "sequence", self.max_len[c], "mean", **hashing.get(c, {}))
                                for c in s.sequence]))
 
     def field_width(self, col: str) -> int:
@@ -92,21 +99,29 @@ class Vocabulary:
         return np.array([index.get(u, 0) for u in uniques], np.int64)
 
     def transform_fields(self, chunk: RawChunk):
-        """(FieldRows of declared fields, {multi-valued column: rows longer than its max_len})."""
+        """(FieldRows of declared fields, {multi-valued column: rows longer than its max_len}).
+        In hash mode the categorical and multi-valued columns keep their raw values: the
+        hash is training's (declared hash_buckets and hash_base)."""
         from .schema import FieldRows
         legacy = self.transform(chunk)
         k = len(self.schema.numeric)
+        hashed = self.mode == "hash"
         columns = {c: legacy.values[:, j] for j, c in enumerate(self.schema.numeric)}
-        columns.update({c: legacy.ids[:, k + j] for j, c in enumerate(self.schema.categorical)})
+        columns.update({c: chunk.categorical[:, j] if hashed else legacy.ids[:, k + j]
+                        for j, c in enumerate(self.schema.categorical)})
         longer = {}
         bases = self.bases()[len(self.schema.categorical):]
         for j, (col, base) in enumerate(zip(self.schema.lists, bases)):
             codes, uniques = pd.factorize(chunk.lists[:, j])
             bags = [split_bag(u, self.schema.separator) for u in uniques]
-            ids = [base + self._local_ids(col, b) for b in bags]
             lengths = np.array([len(b) for b in bags], np.int64)[codes]
-            flat = np.concatenate([ids[c] for c in codes]) if len(codes) else np.zeros(0, np.int64)
-            columns[col] = (lengths, flat.astype(np.int64), None)
+            if hashed:
+                flat = np.array([v for c in codes for v in bags[c]], object)
+            else:
+                ids = [base + self._local_ids(col, b) for b in bags]
+                flat = (np.concatenate([ids[c] for c in codes]) if len(codes)
+                        else np.zeros(0, np.int64)).astype(np.int64)
+            columns[col] = (lengths, flat, None)
             longer[col] = int((lengths > self.max_len[col]).sum())
         return FieldRows(legacy.labels, columns), longer
 

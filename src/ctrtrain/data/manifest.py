@@ -106,6 +106,7 @@ class Manifest:
             if declared.field_size != d["field_size"]:
                 raise bad("field_size", f"{d['field_size']} but {declared.field_size} fields "
                           "are declared")
+            declared.check_ids(d["feature_size"], where)
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in fields and k != "files"}
         try:

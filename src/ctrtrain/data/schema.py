@@ -14,6 +14,12 @@ feature of its own in each tf.train.Example, under its name:
                  for models that attend over
                  them; DeepFM pools them
 
+A categorical, multi_hot or sequence field may be **hashed at training time**: with
+`hash_buckets` N and `hash_base` B its feature holds the raw values as strings (bytes list),
+and a value's id is B + Fingerprint64(value) mod N (`tf.strings.to_hash_bucket_fast`), the
+same in training, evaluation and the exported model (whose `examples` signature then serves
+raw strings). Ids B .. B + N - 1 are the field's rows, inside the data's feature_size.
+
 Parsed batches (input/pipeline.py) hold, besides `label`:
     ids, values   [B, categorical fields]   (values 1)
     numeric       [B, numeric fields]       (only when there are numeric fields)
@@ -48,6 +54,8 @@ class Field:
     max_len: int = 1           # multi_hot, sequence: ids used per row (more are cut)
     pooling: str = "sum"       # multi_hot, sequence (how a model that pools them pools)
     weighted: bool = False     # multi_hot: a weight per id (`<name>__w`)
+    hash_buckets: int = 0      # > 0: values are strings, hashed into this many ids ...
+    hash_base: int = 0         # ... from this one
 
     def to_json(self) -> dict:
         d = {"name": self.name, "kind": self.kind}
@@ -55,6 +63,8 @@ class Field:
             d.update(max_len=self.max_len, pooling=self.pooling, weighted=self.weighted)
         elif self.kind == "sequence":
             d.update(max_len=self.max_len, pooling=self.pooling)
+        if self.hash_buckets:
+            d.update(hash_buckets=self.hash_buckets, hash_base=self.hash_base)
         return d
 
 
@@ -94,7 +104,8 @@ class Schema:
         for i, d in enumerate(fields):
             if not isinstance(d, dict):
                 raise bad(i, "must be an object with name and kind")
-            unknown = set(d) - {"name", "kind", "max_len", "pooling", "weighted"}
+            unknown = set(d) - {"name", "kind", "max_len", "pooling", "weighted",
+                                "hash_buckets", "hash_base"}
             if unknown:
                 raise bad(i, f"unknown key(s) {sorted(unknown)}")
             name, kind = d.get("name"), d.get("kind", "categorical")
@@ -107,11 +118,12 @@ class Schema:
             names.add(name)
             if kind not in KINDS:
                 raise bad(i, f"kind {kind!r} is not one of {', '.join(KINDS)}")
+            hashing = _hashing(d, kind, lambda why: bad(i, why))
             if kind not in LISTS:
                 extra = {"max_len", "pooling", "weighted"} & set(d)
                 if extra:
                     raise bad(i, f"{sorted(extra)} apply to multi_hot and sequence fields only")
-                out.append(Field(name, kind))
+                out.append(Field(name, kind, **hashing))
                 continue
             max_len = d.get("max_len")
             pooling = d.get("pooling", "sum" if kind == "multi_hot" else "mean")
@@ -125,8 +137,35 @@ class Schema:
                 raise bad(i, f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
             if not isinstance(weighted, bool):
                 raise bad(i, "weighted must be true or false")
-            out.append(Field(name, kind, max_len, pooling, weighted))
+            out.append(Field(name, kind, max_len, pooling, weighted, **hashing))
         return cls(tuple(out))
+
+    def check_ids(self, feature_size: int, where: str = "manifest") -> None:
+        """Every hashed field's ids inside the table, and no two fields sharing them."""
+        spans = sorted((f.hash_base, f.hash_base + f.hash_buckets, f.name)
+                       for f in self.fields if f.hash_buckets)
+        for i, (lo, hi, name) in enumerate(spans):
+            if hi > feature_size:
+                raise DataError(f"field declaration: {name}'s hashed ids {lo}..{hi - 1} "
+                                f"exceed feature_size {feature_size}", path=where,
+                                field="fields")
+            if i and lo < spans[i - 1][1]:
+                raise DataError(f"field declaration: {name}'s hashed ids {lo}..{hi - 1} "
+                                f"overlap {spans[i - 1][2]}'s", path=where, field="fields")
+
+
+def _hashing(d: dict, kind: str, bad) -> dict:
+    """A field declaration's hash_buckets and hash_base (both, or neither)."""
+    if "hash_buckets" not in d and "hash_base" not in d:
+        return {}
+    if kind == "numeric":
+        raise bad("a numeric field is not hashed")
+    buckets, base = d.get("hash_buckets"), d.get("hash_base")
+    for key, v, least in (("hash_buckets", buckets, 1), ("hash_base", base, 0)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            raise bad(f"{key} must be an integer of at least {least} (hash_buckets and "
+                      f"hash_base go together), not {v!r}")
+    return {"hash_buckets": buckets, "hash_base": base}
 
 
 def feature_spec(schema: Schema) -> dict:
@@ -134,12 +173,13 @@ def feature_spec(schema: Schema) -> dict:
     import tensorflow as tf
     spec = {"label": tf.io.FixedLenFeature([1], tf.float32)}
     for f in schema.fields:
+        ids = tf.string if f.hash_buckets else tf.int64
         if f.kind == "categorical":
-            spec[f.name] = tf.io.FixedLenFeature([1], tf.int64)
+            spec[f.name] = tf.io.FixedLenFeature([1], ids)
         elif f.kind == "numeric":
             spec[f.name] = tf.io.FixedLenFeature([1], tf.float32)
         else:   # multi_hot, sequence
-            spec[f.name] = tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64)
+            spec[f.name] = tf.io.RaggedFeature(ids, row_splits_dtype=tf.int64)
             if f.weighted:
                 spec[f.name + WEIGHTS_SUFFIX] = tf.io.RaggedFeature(
                     tf.float32, row_splits_dtype=tf.int64)
@@ -150,7 +190,8 @@ def feature_spec(schema: Schema) -> dict:
 class FieldRows:
     """A block of examples in a declared schema: per field, a column.
     categorical: int64 [n]; numeric: float32 [n]; multi_hot, sequence: (lengths int64 [n],
-    ids int64 [sum of lengths], weights float32 [same] or None), row after row."""
+    ids int64 [sum of lengths], weights float32 [same] or None), row after row. A hashed
+    field's ids are its raw values instead (str, an object array)."""
     labels: np.ndarray
     columns: dict
 

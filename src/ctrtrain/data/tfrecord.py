@@ -55,6 +55,15 @@ def _feature_entry_header(key: str, kind_tag: int, list_payload_len: int) -> byt
 _FLOAT_LIST, _INT64_LIST = 0x12, 0x1A
 
 
+def _bytes_entry(key: str, values: list) -> bytes:
+    """A whole Features map entry holding a BytesList (its values are not packed)."""
+    k = key.encode()
+    body = b"".join(_field(0x0A, len(v)) + v for v in values)
+    feature = _field(0x0A, len(body)) + body
+    entry_body = _field(0x0A, len(k)) + k + _field(0x12, len(feature)) + feature
+    return _field(0x0A, len(entry_body)) + entry_body
+
+
 def _masked_crc(data) -> int:
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
@@ -118,8 +127,8 @@ def encode_examples(rows: Rows) -> list[bytes]:
 
 def encode_field_examples(rows, schema) -> list[bytes]:
     """Serialized tf.train.Example bytes of each row of a declared schema (data/schema.py):
-    one feature per field, under its name. Row by row (a bag's length varies), with each
-    field's fixed bytes made once."""
+    one feature per field, under its name (a hashed field's raw values as a bytes list). Row
+    by row (a bag's length varies), with each field's fixed bytes made once."""
     from .schema import WEIGHTS_SUFFIX
     n = len(rows)
     if n == 0:
@@ -135,6 +144,9 @@ def encode_field_examples(rows, schema) -> list[bytes]:
             data = np.asarray(col, "<f4").tobytes()
             for i in range(n):
                 parts[i].append(head + data[4 * i:4 * i + 4])
+        elif f.hash_buckets and f.kind == "categorical":
+            for i, v in enumerate(col):
+                parts[i].append(_bytes_entry(f.name, [str(v).encode()]))
         elif f.kind == "categorical":
             heads: dict[int, bytes] = {}
             for i, v in enumerate(np.asarray(col, np.int64).tolist()):
@@ -145,12 +157,16 @@ def encode_field_examples(rows, schema) -> list[bytes]:
         else:   # multi_hot, sequence
             lengths, ids, weights = col
             ends = np.cumsum(lengths).tolist()
-            ids = np.asarray(ids, np.int64).tolist()
+            ids = [str(v).encode() for v in ids] if f.hash_buckets else \
+                np.asarray(ids, np.int64).tolist()
             wdata = np.asarray(weights, "<f4").tobytes() if f.weighted else b""
             start = 0
             for i, end in enumerate(ends):
-                b = b"".join(_varint(v) for v in ids[start:end])
-                parts[i].append(_feature_entry_header(f.name, _INT64_LIST, len(b)) + b)
+                if f.hash_buckets:
+                    parts[i].append(_bytes_entry(f.name, ids[start:end]))
+                else:
+                    b = b"".join(_varint(v) for v in ids[start:end])
+                    parts[i].append(_feature_entry_header(f.name, _INT64_LIST, len(b)) + b)
                 if f.weighted:
                     w = wdata[4 * start:4 * end]
                     parts[i].append(_feature_entry_header(f.name + WEIGHTS_SUFFIX, _FLOAT_LIST,

@@ -105,7 +105,7 @@ def _declared_rows(path: str, schema, feature_size: int | None, compression: str
     """file_rows of a declared schema: each row's label, every id of its categorical and
     multi_hot and sequence fields, its numeric values and bag weights (one finite weight per
     id)."""
-    from .schema import WEIGHTS_SUFFIX, FieldRows
+    from .schema import FieldRows
     from .tfrecord import read_field_blocks
     top = feature_size if feature_size is not None else np.iinfo(np.int64).max
     n = 0
@@ -123,6 +123,10 @@ def _declared_rows(path: str, schema, feature_size: int | None, compression: str
                 flag(~np.isfinite(x), lambda i, f=f, x=x: f"{f.name} {x[i]} is not finite")
                 continue
             v = b[f.name]
+            if f.hash_buckets:      # strings: any value hashes into the field's ids
+                if f.weighted:
+                    _check_weights(b, f, v, flag, len(labels))
+                continue
             if f.kind == "categorical":
                 ids, owner = v.numpy()[:, 0], np.arange(len(labels))
             else:
@@ -135,17 +139,22 @@ def _declared_rows(path: str, schema, feature_size: int | None, compression: str
                  lambda i, f=f, first=first: f"id {first[i]} of {f.name} is outside "
                                              f"[0, {feature_size})")
             if f.weighted:
-                w = b[f.name + WEIGHTS_SUFFIX]
-                flag(w.row_lengths().numpy() != v.row_lengths().numpy(),
-                     lambda i, f=f: f"{f.name}{WEIGHTS_SUFFIX} does not have one weight per "
-                                    f"id of {f.name}")
-                rows_bad = np.zeros(len(labels), bool)
-                rows_bad[w.value_rowids().numpy()[~np.isfinite(w.flat_values.numpy())]] = True
-                flag(rows_bad, lambda i, f=f: f"a weight of {f.name} is not finite")
+                _check_weights(b, f, v, flag, len(labels))
         ok = np.array([w is None for w in why], bool)
         bad = [DataError(w, path=path, record=n + i) for i, w in enumerate(why) if w]
         yield FieldRows(labels[ok], {}), bad
         n += len(labels)
+
+
+def _check_weights(b, f, v, flag, n):
+    """A weighted field's rows without one finite weight per id."""
+    from .schema import WEIGHTS_SUFFIX
+    w = b[f.name + WEIGHTS_SUFFIX]
+    flag(w.row_lengths().numpy() != v.row_lengths().numpy(),
+         lambda i: f"{f.name}{WEIGHTS_SUFFIX} does not have one weight per id of {f.name}")
+    rows_bad = np.zeros(n, bool)
+    rows_bad[w.value_rowids().numpy()[~np.isfinite(w.flat_values.numpy())]] = True
+    flag(rows_bad, lambda i: f"a weight of {f.name} is not finite")
 
 
 def first_bad_record(paths: list[str], *, fmt: str, field_size: int, feature_size: int | None,

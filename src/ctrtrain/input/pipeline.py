@@ -39,21 +39,29 @@ class PipelineConfig:
                                       # -1/1), ids in [0, feature_size), finite values
 
 
-def parse_tfrecord_batch(serialized, field_size: int):
-    f = tf.io.parse_example(serialized, feature_spec(field_size))
-    return {"label": f["label"][:, 0], "ids": f["ids"], "values": f["values"]}
+def parse_tfrecord_batch(serialized, field_size: int, with_label: bool = True):
+    spec = feature_spec(field_size)
+    if not with_label:
+        del spec["label"]
+    f = tf.io.parse_example(serialized, spec)
+    out = {"ids": f["ids"], "values": f["values"]}
+    return {"label": f["label"][:, 0], **out} if with_label else out
 
 
-def parse_fields_batch(serialized, schema):
+def parse_fields_batch(serialized, schema, with_label: bool = True):
     """A batch of a declared schema's Examples (data/schema.py) in the batch layout
     documented there: categorical ids [B, C] (values 1), numeric [B, N], every bag cut to its
     max_len (a multi_hot's first ids, a sequence's last) and padded with -1 ids and 0 weights
     into bag_ids / bag_weights [B, sum max_len]."""
     from ..data.schema import WEIGHTS_SUFFIX
     from ..data.schema import feature_spec as fields_spec
-    f = tf.io.parse_example(serialized, fields_spec(schema))
+    spec = fields_spec(schema)
+    if not with_label:
+        del spec["label"]
+    f = tf.io.parse_example(serialized, spec)
     rows = tf.shape(serialized, out_type=tf.int64)[:1]
-    out = {"label": f["label"][:, 0]}
+    out = {"label": f["label"][:, 0]} if with_label else {}
+    f.update({c.name: field_ids(c, f[c.name]) for c in schema.fields if c.hash_buckets})
     cat = [f[c.name] for c in schema.of("categorical")]
     out["ids"] = tf.concat(cat, 1) if cat else tf.zeros(tf.concat([rows, [0]], 0), tf.int64)
     out["values"] = tf.ones_like(out["ids"], tf.float32)
@@ -78,6 +86,20 @@ def parse_fields_batch(serialized, schema):
         out["bag_ids"] = tf.concat(ids, 1)
         out["bag_weights"] = tf.concat(weights, 1)
     return out
+
+
+def field_ids(field, values):
+    """A field's int64 ids from its parsed feature (dense or ragged): a hashed field's strings
+    become hash_base + Fingerprint64 mod hash_buckets (data/schema.py), here for training,
+    evaluation and the exported model alike."""
+    if not field.hash_buckets:
+        return values
+
+    def hashed(s):
+        return tf.strings.to_hash_bucket_fast(s, field.hash_buckets) + field.hash_base
+    if isinstance(values, tf.RaggedTensor):
+        return tf.ragged.map_flat_values(hashed, values)
+    return hashed(values)
 
 
 def parse_libsvm_batch(lines, field_size: int, label_format: str = "01"):

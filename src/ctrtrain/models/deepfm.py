@@ -135,14 +135,19 @@ class DeepFM(tf.Module):
             offset = row_correction(self.table, distinct, stored=table_rows)
             if offset is not None:
                 table_rows = table_rows - tf.stop_gradient(offset)
-        n_single = tf.size(single) if cfg.bags else None
-        rows = tf.reshape(tf.gather(table_rows, where[:n_single] if cfg.bags else where),
-                          [-1, ids.shape[1], k1])
+        if cfg.bags:
+            # Explicit batch size: a data set of bags only has no single fields to infer it.
+            batch = tf.shape(ids, out_type=tf.int64)[0]
+            n_single = tf.size(single)
+            rows = tf.reshape(tf.gather(table_rows, where[:n_single]),
+                              tf.stack([batch, ids.shape[1], k1]))
+        else:
+            rows = tf.reshape(tf.gather(table_rows, where), [-1, ids.shape[1], k1])
         scaled = rows * tf.expand_dims(values, -1)                       # [B, S, 1 + k]
         if cfg.bags:
             scaled = tf.concat([scaled, self._pooled(features["bag_weights"], held,
                                                      tf.gather(table_rows, where[n_single:]),
-                                                     tf.shape(ids, out_type=tf.int64)[0])], 1)
+                                                     batch)], 1)
         summed = tf.reduce_sum(scaled, 1)                                # [B, 1 + k]
         first = summed[:, 0]
         fm = 0.5 * tf.reduce_sum((tf.square(summed) - tf.reduce_sum(tf.square(scaled), 1))[:, 1:], 1)

@@ -224,7 +224,8 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
             trainer.model, md / "export", outcome.step,
             {"field_size": manifest.field_size, "feature_size": feature_size,
              **({"fields": manifest.fields} if manifest.fields else {}),
-             "step": outcome.step, "test": result["test"], "mode": cfg.mode}, vocab)
+             "step": outcome.step, "test": result["test"], "mode": cfg.mode}, vocab,
+            schema=manifest.schema)
         log.event("export", step=outcome.step, path=result["export"])
     clock.lap("export")
     result["phases_s"] = clock.phases

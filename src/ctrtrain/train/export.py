@@ -1,7 +1,12 @@
-"""SavedModel export with a serving signature (ids, values) -> prob, loadable by TF Serving.
-With declared fields (data/schema.py) the signature also takes numeric [None, numeric
-fields] and bag_ids / bag_weights [None, sum of the bags' max_len] (-1 ids and 0 weights pad a
-bag), the batch layout training reads."""
+"""SavedModel export, loadable by TF Serving, with two signatures:
+
+  serving_default  (ids, values) -> prob; with declared fields (data/schema.py) also numeric
+                   [None, numeric fields] and bag_ids / bag_weights [None, sum of the bags'
+                   max_len] (-1 ids and 0 weights pad a bag): the batch layout training reads.
+  examples         serialized tf.train.Example records [None] -> prob, as the training
+                   TFRecords hold them (no label needed), parsed by training's own parser:
+                   a client sends records and needs to know no tensor layout.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ VOCAB = "vocab.json"
 
 
 class _Serving(tf.Module):
-    def __init__(self, model):
+    def __init__(self, model, schema=None):
+        """`schema`: the training data's declared fields, None for the fixed schema."""
         super().__init__()
         self.model = model
         cfg = model.cfg
@@ -38,16 +44,28 @@ class _Serving(tf.Module):
             return {"prob": tf.sigmoid(logits)}
         self.serve = serve
 
+        from ..input.pipeline import parse_fields_batch, parse_tfrecord_batch
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def serve_examples(examples):
+            features = parse_tfrecord_batch(examples, cfg.field_size, with_label=False) \
+                if schema is None else parse_fields_batch(examples, schema, with_label=False)
+            logits, _ = self.model(features, training=False)
+            return {"prob": tf.sigmoid(logits)}
+        self.serve_examples = serve_examples
+
 
 def export_saved_model(model, export_base, version: int, info: dict,
-                       vocab_file: str | None = None) -> str:
-    """Writes <export_base>/<version>/ (TF Serving's layout) atomically; returns its path."""
+                       vocab_file: str | None = None, schema=None) -> str:
+    """Writes <export_base>/<version>/ (TF Serving's layout) atomically; returns its path.
+    `schema`: the training data's declared fields (None: the fixed schema)."""
     final = Path(export_base) / str(version)
     tmp = Path(export_base) / f".{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    serving = _Serving(model)
+    serving = _Serving(model, schema)
     try:
-        tf.saved_model.save(serving, str(tmp), signatures={"serving_default": serving.serve})
+        tf.saved_model.save(serving, str(tmp), signatures={
+            "serving_default": serving.serve, "examples": serving.serve_examples})
     except tf.errors.OpError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         from ..errors import CtrError
