@@ -119,8 +119,10 @@ def _data_commands(sub):
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_featurize)
 
-    p = dsub.add_parser("convert", help="libsvm -> TFRecord shards (or back with --to libsvm)")
-    p.add_argument("inputs", nargs="+", help="libsvm files or a data directory")
+    p = dsub.add_parser("convert", help="libsvm or libffm -> TFRecord shards (or back with --to "
+                        "libsvm)")
+    p.add_argument("inputs", nargs="+", help="libsvm or libffm files, or a data directory; "
+                   "libffm (label field:id:value ...) becomes declared fields f0, f1, ...")
     p.add_argument("--out", required=True)
     p.add_argument("--to", choices=["tfrecord", "libsvm"], default="tfrecord")
     p.add_argument("--field-size", type=POSITIVE, default=None, help="default: from the input's manifest")
@@ -210,6 +212,11 @@ def cmd_featurize(a):
                                     a.separator, tuple(a.sequence)),
                   label_threshold=a.label_threshold, max_len=a.max_len)
     print(describe(a.out))
+    _print_longer(m)
+
+
+def _print_longer(m):
+    """The rows a data tool found with a bag longer than its field's max_len."""
     for col, n in m.extra.get("longer_than_max_len", {}).items():
         if n:
             f = next(f for f in m.fields if f["name"] == col)
@@ -225,6 +232,7 @@ def cmd_convert(a):
                 like=a.like, shards=a.shards, processes=a.processes, gzip=a.gzip,
                 label_format=a.labels, max_bad_rows=a.max_bad_rows, overwrite=a.overwrite)
     print(describe(a.out))
+    _print_longer(m)
     for s in m.skipped_rows:
         print(f"skipped {s['path']}: line {s['line']}: {s['reason']}", file=sys.stderr)
 
@@ -470,7 +478,7 @@ def _train_commands(sub):
     p.add_argument("--model", required=True, help="a SavedModel, or a model dir's export/ base")
     p.add_argument("--input", required=True, nargs="+", help="data dir, TFRecord, libsvm or raw files")
     p.add_argument("--out", required=True, help="CSV, or JSON lines if it ends in .jsonl")
-    p.add_argument("--input-format", choices=["auto", "dir", "tfrecord", "libsvm", "raw"], default="auto")
+    p.add_argument("--input-format", choices=["auto", "dir", "tfrecord", "libsvm", "libffm", "raw"], default="auto")
     p.add_argument("--vocab", default=None, help="vocabulary for raw rows (default: the model's)")
     p.add_argument("--no-label", action="store_true", help="raw rows have no label column")
     p.add_argument("--batch-size", type=POSITIVE, default=4096)

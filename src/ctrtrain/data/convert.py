@@ -1,4 +1,5 @@
-"""Conversion between libsvm text and TFRecord shards, in parallel, with a manifest.
+"""Conversion between libsvm text and TFRecord shards, in parallel, with a manifest; libffm
+text into TFRecord shards of declared fields (data/libffm.py).
 
 Shards hold equal record counts (to one record) so that key-based sharding across hosts is
 balanced. Output appears only when complete: shards are renamed into place by their writers
@@ -7,8 +8,10 @@ and the manifest is written last; on any failure every file this run wrote is re
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 from ..errors import DataError
@@ -19,9 +22,11 @@ from .files import (
     read_line_blocks,
     split_ranges,
 )
+from .libffm import FieldStats, check_declaration, is_libffm, parse_libffm, to_field_rows
 from .libsvm import BadRow, format_libsvm, parse_libsvm
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
 from .parallel import run_tasks
+from .schema import FieldRows
 from .tfrecord import SUFFIX, ShardWriter
 
 BLOCK_LINES = 50_000
@@ -31,50 +36,60 @@ def shard_name(i: int, n: int, suffix: str) -> str:
     return f"part-{i:05d}-of-{n:05d}{suffix}"
 
 
+def _libsvm_block(text, path, first_line, *, field_size, label_format, feature_size):
+    rows, bad = parse_libsvm(text, field_size, path=path, first_line=first_line,
+                             label_format=label_format, feature_size=feature_size)
+    return rows, bad, {}
+
+
+def _libffm_block(text, path, first_line, *, schema, label_format, feature_size):
+    block, bad = parse_libffm(text, path=path, first_line=first_line, label_format=label_format,
+                              feature_size=feature_size)
+    rows, unfit, longer = to_field_rows(block, schema, path)
+    return rows, sorted(bad + unfit, key=lambda b: b.line), longer
+
+
+def _largest_id(rows) -> int:
+    if isinstance(rows, FieldRows):
+        cols = [c[1] if isinstance(c, tuple) else c for c in rows.columns.values()]
+        return max((int(c.max()) for c in cols if c.size), default=-1)
+    return int(rows.ids.max()) if len(rows) else -1
+
+
 def _convert_shard(task):
-    """Worker: parse the shard's line segments and write one TFRecord file."""
-    path, segments, field_size, feature_size, label_format, compression, max_bad = task
+    """Worker: parse the shard's line segments (`block`: text -> rows, bad rows, rows longer
+    than a bag's max_len) and write one TFRecord file."""
+    path, segments, block, schema, compression, max_bad = task
     writer = ShardWriter(path, compression)
     bad: list[BadRow] = []
-    max_id, positives = -1, 0
+    max_id, positives, longer = -1, 0, Counter()
     try:
         for seg in segments:
             for first, text in read_line_blocks(seg, BLOCK_LINES):
-                rows, b = parse_libsvm(text, field_size, path=seg.path, first_line=first + 1,
-                                       label_format=label_format, feature_size=feature_size)
+                rows, b, over = block(text, seg.path, first + 1)
                 bad += b
                 if len(bad) > max_bad:
                     writer.abort()
                     return {"error": bad[: max_bad + 1], "bad": len(bad)}
-                writer.write_rows(rows)
-                if len(rows):
-                    max_id = max(max_id, int(rows.ids.max()))
-                    positives += int(rows.labels.sum())
+                writer.write_rows(rows, schema)
+                max_id = max(max_id, _largest_id(rows))
+                positives += int(rows.labels.sum())
+                longer.update(over)
         records, size, sha = writer.commit()
     except BaseException:
         writer.abort()
         raise
     return {"file": FileEntry(os.path.basename(path), records, size, sha), "bad": bad,
-            "max_id": max_id, "positives": positives}
+            "max_id": max_id, "positives": positives, "longer": longer}
 
 
-def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | None = None,
-                       shards: int = 8, processes: int | None = None, compression: str | None = None,
-                       label_format: str = "01", max_bad_rows: int = 0, overwrite: bool = False,
-                       vocabulary_file: str | None = None) -> Manifest:
-    """Converts libsvm text files into `shards` TFRecord files with a manifest. A featurization
-    vocabulary travels with the data (copied beside the shards) so prediction can reuse it."""
-    files = list_inputs(inputs)
-    counts = [count_lines(f) for f in files]
-    if sum(counts) == 0:
-        raise DataError("input has no rows", path=", ".join(files))
-    shards = max(1, min(shards, sum(counts)))
-    processes = processes or os.cpu_count() or 1
-    out = prepare_output_dir(out_dir, overwrite, [*inputs, *files] + ([vocabulary_file] if vocabulary_file else []))
+def _write_shards(files, counts, out, *, shards, processes, block, schema, compression,
+                  max_bad_rows) -> list[dict]:
+    """Each run of lines into one TFRecord shard; on any failure the output directory goes."""
     suffix = SUFFIX + (".gz" if compression == "gzip" else "")
     runs = split_ranges(files, counts, shards)
-    tasks = [(str(out / shard_name(i, shards, suffix)), segs, field_size, feature_size,
-              label_format, compression, max_bad_rows) for i, segs in enumerate(runs)]
+    tasks = [(str(out / shard_name(i, shards, suffix)), segs, block, schema, compression,
+              max_bad_rows) for i, segs in enumerate(runs)]
     results = []
     try:
         for r in run_tasks(_convert_shard, tasks, processes, "convert",
@@ -91,6 +106,30 @@ def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | 
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
+    return results
+
+
+def _skipped(results) -> list[dict]:
+    return [{"path": b.path, "line": b.line, "reason": b.reason}
+            for r in results for b in r["bad"]]
+
+
+def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | None = None,
+                       shards: int = 8, processes: int | None = None, compression: str | None = None,
+                       label_format: str = "01", max_bad_rows: int = 0, overwrite: bool = False,
+                       vocabulary_file: str | None = None) -> Manifest:
+    """Converts libsvm text files into `shards` TFRecord files with a manifest. A featurization
+    vocabulary travels with the data (copied beside the shards) so prediction can reuse it."""
+    files = list_inputs(inputs)
+    counts = [count_lines(f) for f in files]
+    if sum(counts) == 0:
+        raise DataError("input has no rows", path=", ".join(files))
+    out = prepare_output_dir(out_dir, overwrite, [*inputs, *files] + ([vocabulary_file] if vocabulary_file else []))
+    block = functools.partial(_libsvm_block, field_size=field_size, label_format=label_format,
+                              feature_size=feature_size)
+    results = _write_shards(files, counts, out, shards=max(1, min(shards, sum(counts))),
+                            processes=processes or os.cpu_count() or 1, block=block, schema=None,
+                            compression=compression, max_bad_rows=max_bad_rows)
     max_id = max(r["max_id"] for r in results)
     if vocabulary_file:
         shutil.copy(vocabulary_file, out / os.path.basename(vocabulary_file))
@@ -98,10 +137,85 @@ def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | 
         format="tfrecord", field_size=field_size,
         feature_size=feature_size if feature_size is not None else max_id + 1,
         files=[r["file"] for r in results], compression=compression, label_format=label_format,
-        positives=sum(r["positives"] for r in results),
-        skipped_rows=[{"path": b.path, "line": b.line, "reason": b.reason} for b in bad],
+        positives=sum(r["positives"] for r in results), skipped_rows=_skipped(results),
         vocabulary=os.path.basename(vocabulary_file) if vocabulary_file else None,
         extra={"source": files, "feature_size_inferred": feature_size is None})
+    manifest.write(out)
+    return manifest
+
+
+def _libffm_stats(task):
+    """Worker: the field statistics and bad rows of a run of libffm lines."""
+    segments, label_format, feature_size = task
+    stats, bad = FieldStats(), []
+    for seg in segments:
+        for first, text in read_line_blocks(seg, BLOCK_LINES):
+            block, b = parse_libffm(text, path=seg.path, first_line=first + 1,
+                                    label_format=label_format, feature_size=feature_size)
+            stats, bad = stats.merge(FieldStats.of(block)), bad + b
+    return {"stats": stats, "bad": bad}
+
+
+def _declare_libffm(files, counts, processes, label_format, feature_size, max_bad_rows):
+    """The fields libffm files declare (data/libffm.py), from one pass over them."""
+    runs = split_ranges(files, counts, processes)
+    found = list(run_tasks(_libffm_stats, [(segs, label_format, feature_size) for segs in runs],
+                           processes, "fields", [sum(s.lines for s in segs) for segs in runs]))
+    bad = [b for r in found for b in r["bad"]]
+    if len(bad) > max_bad_rows:
+        raise _too_many_bad(bad, max_bad_rows)
+    stats = FieldStats()
+    for r in found:
+        stats = stats.merge(r["stats"])
+    schema = stats.declare()
+    if not schema.fields:
+        raise DataError("no row holds a field:id:value pair", path=", ".join(files[:3]))
+    return schema
+
+
+def libffm_to_tfrecord(files, out_dir, *, like: Manifest | None = None,
+                       feature_size: int | None = None, shards: int = 8,
+                       processes: int | None = None, compression: str | None = None,
+                       label_format: str = "01", max_bad_rows: int = 0,
+                       overwrite: bool = False, like_path: str = "", protect=()) -> Manifest:
+    """libffm text files into TFRecord shards of declared fields (data/libffm.py): declared
+    from the files themselves (one pass of statistics first), or taken from `like`, the
+    manifest of another split converted before. `protect`: more paths the output must not be
+    (the directories the files were named by)."""
+    counts = [count_lines(f) for f in files]
+    if sum(counts) == 0:
+        raise DataError("input has no rows", path=", ".join(files))
+    out = prepare_output_dir(out_dir, overwrite, [*protect, *files])
+    processes = processes or os.cpu_count() or 1
+    shards = max(1, min(shards, sum(counts)))
+    if like is not None:
+        if like.schema is None:
+            raise DataError("declares no fields: libffm splits convert --like a libffm "
+                            "conversion", path=like_path)
+        check_declaration(like.schema, like_path)
+        schema = like.schema
+        feature_size = feature_size or like.feature_size
+    else:
+        try:
+            schema = _declare_libffm(files, counts, processes, label_format, feature_size,
+                                     max_bad_rows)
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+    block = functools.partial(_libffm_block, schema=schema, label_format=label_format,
+                              feature_size=feature_size)
+    results = _write_shards(files, counts, out, shards=shards, processes=processes, block=block,
+                            schema=schema, compression=compression, max_bad_rows=max_bad_rows)
+    longer = sum((r["longer"] for r in results), Counter())
+    manifest = Manifest(
+        format="tfrecord", field_size=schema.field_size,
+        feature_size=feature_size or max(r["max_id"] for r in results) + 1,
+        files=[r["file"] for r in results], compression=compression, label_format=label_format,
+        positives=sum(r["positives"] for r in results), skipped_rows=_skipped(results),
+        fields=schema.to_json(),
+        extra={"source": files, "from": "libffm", "feature_size_inferred": feature_size is None,
+               "longer_than_max_len": {f.name: longer.get(f.name, 0)
+                                       for f in schema.of("multi_hot")}})
     manifest.write(out)
     return manifest
 
@@ -111,7 +225,7 @@ def convert(inputs, out_dir, *, to: str = "tfrecord", field_size: int | None = N
             processes: int | None = None, gzip: bool = False, label_format: str = "01",
             max_bad_rows: int = 0, overwrite: bool = False) -> Manifest:
     """`ctrtrain data convert`: libsvm (files, or a data directory with its manifest and
-    vocabulary) to TFRecord shards, or a TFRecord data directory back to libsvm. Shapes come
+    vocabulary) or libffm (told by its field:id:value pairs) to TFRecord shards, or a TFRecord data directory back to libsvm. Shapes come
     from the flags, else `like` (another split's manifest: splits then agree on the table),
     else the input's manifest, else the data (feature_size = largest id + 1)."""
     from .index import detect_format
@@ -131,6 +245,19 @@ def convert(inputs, out_dir, *, to: str = "tfrecord", field_size: int | None = N
                         "trained on as they are (`ctrtrain data index` writes their manifest)",
                         path=(tfrecords or files)[0])
     ref = read_manifest(like) if like else src
+    ffm = [is_libffm(f) for f in files]
+    if any(ffm):
+        if not all(ffm):
+            raise DataError("libsvm and libffm files in one conversion: "
+                            f"{files[ffm.index(False)]} is libsvm, {files[ffm.index(True)]} libffm")
+        if field_size:
+            raise DataError("--field-size does not apply to libffm: its fields are declared "
+                            "from the data (or --like)", path=files[0])
+        return libffm_to_tfrecord(files, out_dir, like=read_manifest(like) if like else None,
+                                  feature_size=feature_size, shards=shards, processes=processes,
+                                  compression="gzip" if gzip else None, label_format=label_format,
+                                  max_bad_rows=max_bad_rows, overwrite=overwrite,
+                                  like_path=str(like or ""), protect=inputs)
     field_size = field_size or (ref.field_size if ref else None)
     if field_size is None:
         raise DataError("--field-size is required when the input has no manifest (or --like)")

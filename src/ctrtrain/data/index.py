@@ -65,6 +65,10 @@ def index_files(files: list[str], *, names: list[str] | None = None,
                         + ", ".join(f"{Path(f).name} ({k[0]}{' gzip' if k[1] else ''})"
                                     for f, k in list(kinds.items())[:4]))
     fmt, comp = fmts.pop(), comps.pop()
+    from .libffm import is_libffm
+    if fmt == "libsvm" and is_libffm(files[0]):
+        raise DataError("is libffm text (field:id:value pairs): `ctrtrain data convert` makes "
+                        "it TFRecords of declared fields, which train", path=files[0])
     field_size = (_tfrecord_field_size if fmt == "tfrecord" else
                   lambda p, c: _libsvm_field_size(p))(files[0], comp)
     entries, positives, max_id = [], 0, -1

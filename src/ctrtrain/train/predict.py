@@ -1,5 +1,5 @@
-"""Batch inference (the SageMaker Batch Transform job): a SavedModel over TFRecord, libsvm or
-raw Criteo/CSV rows (through the vocabulary saved with the model), one output row per input
+"""Batch inference (the SageMaker Batch Transform job): a SavedModel over TFRecord, libsvm,
+libffm or raw Criteo/CSV rows (through the vocabulary saved with the model), one output row per input
 row, in input order."""
 
 from __future__ import annotations
@@ -27,9 +27,14 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
         elif detect_format(first)[0] == "tfrecord":
             input_format = "tfrecord"
         else:
+            from ..data.libffm import is_libffm
             with open(first, "rb") as f:
                 head = f.readline()
-            input_format = "libsvm" if b":" in head and b"\t" not in head else "raw"
+            input_format = "libffm" if is_libffm(first) else \
+                "libsvm" if b":" in head and b"\t" not in head else "raw"
+    if input_format == "libffm":
+        yield from _libffm_blocks(inputs, info, batch)
+        return
     if input_format in ("dir", "tfrecord", "libsvm"):
         import tensorflow as tf
 
@@ -94,6 +99,33 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
                 part = rows.slice(a, a + batch)
                 parsed = parse_fields_batch(tf.constant(encode_field_examples(part, fields)), fields)
                 yield labels, {k: t.numpy() for k, t in parsed.items() if k != "label"}
+
+
+def _libffm_blocks(inputs: list[str], info: dict, batch: int):
+    """libffm lines into the model's declared fields as `data convert` reads them (a line
+    that does not fit is an error naming it), parsed by the training pipeline's parser."""
+    import tensorflow as tf
+
+    from ..data.files import Segment, count_lines, read_line_blocks
+    from ..data.libffm import check_declaration, parse_libffm, to_field_rows
+    from ..data.schema import Schema
+    from ..data.tfrecord import encode_field_examples
+    from ..input.pipeline import parse_fields_batch
+    if not info.get("fields"):
+        raise DataError("is libffm text, but the model was trained on the fixed schema (libffm "
+                        "trains as the declared fields `data convert` makes of it)", path=inputs[0])
+    schema = Schema.from_json(info["fields"])
+    check_declaration(schema, "the model's fields")
+    for path in inputs:
+        seg = Segment(path, 0, count_lines(path), 0)
+        for first, text in read_line_blocks(seg, batch):
+            block, bad = parse_libffm(text, path=path, first_line=first + 1,
+                                      feature_size=info["feature_size"])
+            rows, unfit, _ = to_field_rows(block, schema, path)
+            if bad or unfit:
+                raise min(bad + unfit, key=lambda b: b.line).as_error()
+            parsed = parse_fields_batch(tf.constant(encode_field_examples(rows, schema)), schema)
+            yield rows.labels, {k: t.numpy() for k, t in parsed.items() if k != "label"}
 
 
 def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: str | None = None,
