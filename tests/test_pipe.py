@@ -156,3 +156,61 @@ def test_pipe_settings_that_cannot_work_are_refused_before_anything_starts(tmp_p
     with pytest.raises(ConfigError, match=message):
         train(cfg)
     assert not (tmp_path / "model").exists()
+
+
+@pytest.fixture(scope="module")
+def declared(tmp_path_factory):
+    """Synthesized splits with numeric, categorical, multi_hot and sequence fields."""
+    out = tmp_path_factory.mktemp("declared") / "data"
+    run_cli("data", "synth", "--out", out, "--rows", 6_000, "--feature-size", 2_000, "--seed", 3,
+            "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
+            "--multi-hot-len", 3, "--multi-hot-vocab", 200, "--sequence-fields", 1,
+            "--sequence-len", 2, "--files-per-split", 2,
+            "--processes", 1)
+    return out
+
+
+@pytest.mark.slow
+def test_a_pipe_channel_streams_declared_fields(tmp_path, declared):
+    """A stream has no manifest: the `fields` hyperparameter declares it (the JSON list, as a
+    SageMaker estimator passes it), and the recipe trains on every record of every epoch and
+    evaluates the declared test channel."""
+    m = read_manifest(declared / "train")
+    hp = {"batch_size": 100, "fields": json.dumps(m.fields), "feature_size": m.feature_size,
+          "export": False}
+    spec = spec_from_example(
+        tmp_path, "deepfm-single", hyperparameters=hp, pipe_epochs=2,
+        channels={"training": {"path": str(declared / "train"), "input_mode": "Pipe"},
+                  "test": {"path": str(declared / "test")}})
+    run_cli("launch", spec)
+    result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
+    assert result["step"] == 2 * m.records // 100
+    assert result["test"]["auc"] > 0.6
+
+
+def test_a_streams_declaration_is_read_and_checked(tmp_path, declared, synth):
+    """`fields` as a data directory, its manifest or the list; a fixed-schema manifest, a
+    declaration that disagrees with field_size, or `fields` in File mode is refused."""
+    from ctrtrain.data.manifest import declared_fields
+    from ctrtrain.errors import ConfigError
+    from ctrtrain.train import train
+    from ctrtrain.train.config import TrainConfig
+    want = read_manifest(declared / "train").fields
+    assert declared_fields(str(declared / "train")) == want
+    assert declared_fields(str(declared / "train" / "manifest.json")) == want
+    assert declared_fields(want) == want
+    with pytest.raises(DataError, match="declares no fields"):
+        declared_fields(str(synth / "tf" / "train"))
+    with pytest.raises(DataError, match=r"fields\[0\].*kind 'dense'"):
+        declared_fields([{"name": "a", "kind": "dense"}])
+
+    def config(**over):
+        return TrainConfig(str(tmp_path / "training"), str(tmp_path / "model"), input_mode="Pipe",
+                           feature_size=2_000, **over)
+    with pytest.raises(ConfigError, match="field_size 39, but fields declares"):
+        train(config(fields=want, field_size=39))
+    with pytest.raises(ConfigError, match="streamed as TFRecord, not libsvm"):
+        train(config(fields=want, data_format="libsvm"))
+    with pytest.raises(ConfigError, match="fields is for a Pipe channel"):
+        train(TrainConfig(str(declared / "train"), str(tmp_path / "model"), fields=want))
+    assert not (tmp_path / "model").exists()

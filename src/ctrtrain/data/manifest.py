@@ -200,3 +200,27 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 22) -> str:
         while chunk := f.read(block):
             h.update(chunk)
     return h.hexdigest()
+
+
+def declared_fields(spec) -> list:
+    """A declaration given by reference (a stream's, which has no manifest of its own): a data
+    directory or manifest.json whose `fields` declare it, a JSON file holding the list, or the
+    list itself; checked as a manifest's is."""
+    from .schema import Schema
+    if isinstance(spec, (list, tuple)):
+        fields, where = list(spec), "fields"
+    else:
+        path = Path(spec) / MANIFEST_NAME if Path(spec).is_dir() else Path(spec)
+        where = str(path)
+        try:
+            d = json.loads(path.read_text())
+        except OSError as e:
+            raise DataError(f"cannot read the field declarations: {e.strerror}", path=where)
+        except ValueError as e:
+            raise DataError(f"is not JSON ({e})", path=where)
+        fields = d.get("fields") if isinstance(d, dict) else d
+        if fields is None:
+            raise DataError("declares no fields (the fixed schema: give field_size instead)",
+                            path=where)
+    Schema.from_json(fields, where=where)
+    return fields

@@ -16,6 +16,7 @@ help (`setting(...)`). From that one table come
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import yaml
@@ -125,6 +126,22 @@ def _source(v):
     return _path(v)
 
 
+def _fields(v):
+    """A stream's declared fields: a data directory or a JSON file declaring them (a path), or
+    the declaration itself (a list; JSON text as a flag or a SageMaker hyperparameter)."""
+    if v is None or (isinstance(v, str) and not v.strip()):
+        return None
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    text = str(v).strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"is not a JSON list of field declarations ({e})") from None
+    return text
+
+
 def setting(default, section: str, help: str, parse=None, *, cli: bool = True):
     """A field of the table. parse=None: the runtime sets it (not a flag or hyperparameter)."""
     return dataclasses.field(default=default, metadata={
@@ -148,6 +165,9 @@ class TrainConfig:
     input_mode: str = setting("File", "data", "File | Pipe (set by the job)", None)
     field_size: int | None = setting(None, "data", "fields per example: Pipe only (a stream has "
                                      "no manifest)", number(int, 1, optional=True))
+    fields: str | list | None = setting(
+        None, "data", "Pipe only: the stream's declared fields (docs/fields.md): a data "
+        "directory or manifest.json declaring them, or the JSON list itself", _fields)
     data_format: str = setting("tfrecord", "data", "Pipe only: tfrecord | libsvm",
                                _choice("tfrecord", "libsvm"))
     label_format: str = setting("01", "data", "Pipe libsvm only: 01 | pm1", _choice("01", "pm1"))
@@ -358,12 +378,19 @@ def check_config(cfg: TrainConfig):
     for name in ("train_dir", "valid_dir", "test_dir"):
         if isinstance(getattr(cfg, name), (list, tuple)):   # one path in a list: that path
             setattr(cfg, name, _source(getattr(cfg, name)))
+    if cfg.fields and cfg.input_mode != "Pipe":
+        raise ConfigError("fields is for a Pipe channel: File data declares its fields in its "
+                          "manifest")
     if cfg.input_mode == "Pipe":
         if not isinstance(cfg.train_dir, str):
             raise ConfigError(f"Pipe channel: one FIFO prefix, not {len(cfg.train_dir)} paths")
-        if not (cfg.field_size and cfg.feature_size):
+        if not ((cfg.field_size or cfg.fields) and cfg.feature_size):
             raise ConfigError(f"Pipe channel {cfg.train_dir}: a stream carries no manifest; "
-                              "give field_size and feature_size")
+                              "give field_size and feature_size (or, for declared fields, "
+                              "fields and feature_size)")
+        if cfg.fields and cfg.data_format != "tfrecord":
+            raise ConfigError("fields: declared fields are streamed as TFRecord, not "
+                              f"{cfg.data_format}")
         if Mode.parse(cfg.mode).asynchronous:
             raise ConfigError("mode parameter_server reads File channels: the chief defines "
                               "every worker's dataset as a graph, and a Pipe channel's FIFO "

@@ -18,10 +18,15 @@ def check_data(cfg: TrainConfig):
     A Pipe channel's manifest is made from the config (no files, records unknown). Once the
     table's size is known, table_updates `auto` becomes what it chooses for it."""
     from ..data.index import resolve_source
-    from ..data.manifest import Manifest
-    if cfg.input_mode == "Pipe":    # field_size and feature_size given (check_config)
-        m = Manifest(cfg.data_format, cfg.field_size, cfg.feature_size, [],
-                     label_format=cfg.label_format)
+    from ..data.manifest import Manifest, declared_fields
+    if cfg.input_mode == "Pipe":    # field_size or fields, and feature_size (check_config)
+        fields = declared_fields(cfg.fields) if cfg.fields else None
+        if fields and cfg.field_size not in (None, len(fields)):
+            raise ConfigError(f"field_size {cfg.field_size}, but fields declares {len(fields)}")
+        m = Manifest(cfg.data_format, len(fields) if fields else cfg.field_size,
+                     cfg.feature_size, [], label_format=cfg.label_format, fields=fields)
+        if m.schema is not None:
+            m.schema.check_ids(cfg.feature_size, "fields")
     else:
         # A directory, files or globs; without a manifest, indexed now.
         m, _ = resolve_source(cfg.train_dir)
