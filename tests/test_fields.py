@@ -441,3 +441,27 @@ def test_fields_hashed_at_training_time_serve_raw_strings(movielens_csvs, tmp_pa
     serve = tf.saved_model.load(latest_export(md / "export")).signatures["examples"]
     prob = serve(examples=tf.constant([example]))["prob"].numpy()[0]
     assert prob == pytest.approx(trained[0], rel=1e-5, abs=1e-6)
+
+
+def test_declared_files_without_a_manifest_are_indexed_with_their_declaration(declared,
+                                                                               tmp_path):
+    """Records do not tell their declaration: `data index --fields` takes it (a data
+    directory, a JSON file or the list) and writes the manifest the files' writer did."""
+    import shutil
+    src = json.loads((declared / "train" / "manifest.json").read_text())
+    for f in src["files"]:
+        shutil.copy(declared / "train" / f["path"], tmp_path / f["path"])
+    r = ctrtrain("data", "index", tmp_path)
+    assert r.returncode == 2 and "record 0 has no ids, values feature" in r.stderr
+    assert "data index --fields" in r.stderr and not (tmp_path / "manifest.json").exists()
+    (tmp_path.parent / "decl.json").write_text(json.dumps(src["fields"]))
+    for spec in (declared / "train", tmp_path.parent / "decl.json", json.dumps(src["fields"])):
+        ok("data", "index", tmp_path, "--fields", spec, "--overwrite")
+        m = json.loads((tmp_path / "manifest.json").read_text())
+        assert m["fields"] == src["fields"] and m["files"] == src["files"]
+        assert m["positives"] == src["positives"]
+        assert m["feature_size"] <= src["feature_size"]       # the largest id + 1
+    ok("data", "validate", tmp_path)
+    r = ctrtrain("data", "index", tmp_path, "--fields", declared / "train", "--overwrite",
+                 "--feature-size", 10)
+    assert r.returncode == 2 and "is outside [0, 10)" in r.stderr

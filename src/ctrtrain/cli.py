@@ -146,6 +146,9 @@ def _data_commands(sub):
     p.add_argument("--feature-size", type=POSITIVE, default=None,
                    help="table rows the ids must fit (default: largest id + 1)")
     p.add_argument("--labels", choices=["01", "pm1"], default="01", help="libsvm label values")
+    p.add_argument("--fields", default=None, metavar="DECLARATION",
+                   help="TFRecords of declared fields (docs/fields.md): a data directory or "
+                        "JSON file declaring them, or the JSON list")
     p.add_argument("--overwrite", action="store_true", help="replace an existing manifest")
     p.set_defaults(func=cmd_index)
 
@@ -239,9 +242,11 @@ def cmd_convert(a):
 
 def cmd_index(a):
     from .data.index import write_index
+    from .data.manifest import declared_fields
     from .data.validate import describe
+    fields = declared_fields(a.fields) if a.fields else None
     path = write_index(a.data, feature_size=a.feature_size, label_format=a.labels,
-                       overwrite=a.overwrite)
+                       overwrite=a.overwrite, fields=fields)
     print(describe(path.parent))
 
 

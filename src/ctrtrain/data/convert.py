@@ -51,8 +51,7 @@ def _libffm_block(text, path, first_line, *, schema, label_format, feature_size)
 
 def _largest_id(rows) -> int:
     if isinstance(rows, FieldRows):
-        cols = [c[1] if isinstance(c, tuple) else c for c in rows.columns.values()]
-        return max((int(c.max()) for c in cols if c.size), default=-1)
+        return rows.largest_id()
     return int(rows.ids.max()) if len(rows) else -1
 
 

@@ -37,7 +37,9 @@ def _tfrecord_field_size(path: str, compression: str | None) -> int:
         missing = [k for k in ("label", "ids", "values") if k not in feats]
         if missing:
             raise DataError(f"record 0 has no {', '.join(missing)} feature: not the fixed-field "
-                            "schema (label[1], ids[F], values[F])", path=path, record=0)
+                            "schema (label[1], ids[F], values[F]); files of declared fields "
+                            "need their declaration (`ctrtrain data index --fields`)",
+                            path=path, record=0)
         return len(feats["ids"].int64_list.value)
     raise DataError("file holds no record", path=path)
 
@@ -52,9 +54,11 @@ def _libsvm_field_size(path: str) -> int:
 
 
 def index_files(files: list[str], *, names: list[str] | None = None,
-                feature_size: int | None = None, label_format: str = "01") -> Manifest:
+                feature_size: int | None = None, label_format: str = "01",
+                fields: list | None = None) -> Manifest:
     """A manifest of these files (each read once; a bad record is named). `names`: how the
-    manifest lists them (relative names inside a directory), default the paths as given."""
+    manifest lists them (relative names inside a directory), default the paths as given.
+    `fields`: the TFRecords' declared fields (data/schema.py), which records do not tell."""
     if not files:
         raise DataError("no data files given")
     kinds = {f: detect_format(f) for f in files}
@@ -69,32 +73,48 @@ def index_files(files: list[str], *, names: list[str] | None = None,
     if fmt == "libsvm" and is_libffm(files[0]):
         raise DataError("is libffm text (field:id:value pairs): `ctrtrain data convert` makes "
                         "it TFRecords of declared fields, which train", path=files[0])
-    field_size = (_tfrecord_field_size if fmt == "tfrecord" else
-                  lambda p, c: _libsvm_field_size(p))(files[0], comp)
+    schema = None
+    if fields is not None:
+        from .schema import Schema
+        if fmt != "tfrecord":
+            raise DataError(f"is {fmt}: declared fields are stored as TFRecord", path=files[0])
+        schema = Schema.from_json(fields, where="--fields")
+        field_size = schema.field_size
+    else:
+        field_size = (_tfrecord_field_size if fmt == "tfrecord" else
+                      lambda p, c: _libsvm_field_size(p))(files[0], comp)
     entries, positives, max_id = [], 0, -1
     for f, name in zip(files, names or files):
-        n, top, pos = _scan(f, fmt, field_size, comp, label_format)
+        n, top, pos = _scan(f, fmt, field_size, comp, label_format, schema)
         max_id, positives = max(max_id, top), positives + pos
         entries.append(FileEntry(name, n, os.path.getsize(f), sha256_file(f)))
     if sum(e.records for e in entries) == 0:
         raise DataError("the files hold no records", path=", ".join(files[:3]))
     if feature_size is not None and max_id >= feature_size:
         raise DataError(f"id {max_id} is outside [0, {feature_size})", path=", ".join(files[:3]))
-    return Manifest(fmt, field_size, feature_size or max_id + 1, entries, compression=comp,
-                    label_format=label_format, positives=positives,
-                    extra={"indexed": True, "feature_size_inferred": feature_size is None})
+    hashed = max((f.hash_base + f.hash_buckets for f in schema.fields if f.hash_buckets),
+                 default=0) if schema else 0
+    m = Manifest(fmt, field_size, feature_size or max(max_id + 1, hashed), entries,
+                 compression=comp, label_format=label_format, positives=positives,
+                 fields=fields,
+                 extra={"indexed": True, "feature_size_inferred": feature_size is None})
+    if schema:
+        schema.check_ids(m.feature_size, "--fields")
+    return m
 
 
-def _scan(path, fmt, field_size, compression, label_format):
+def _scan(path, fmt, field_size, compression, label_format, schema=None):
     """(records, largest id, positives) of one file; the first bad record is an error."""
     from .validate import file_rows
     n, top, pos = 0, -1, 0
     for rows, bad in file_rows(path, fmt=fmt, field_size=field_size, feature_size=None,
-                               compression=compression, label_format=label_format):
+                               compression=compression, label_format=label_format,
+                               schema=schema):
         if bad:
             raise bad[0]
         if len(rows):
-            top, pos = max(top, int(rows.ids.max())), pos + int(rows.labels.sum())
+            largest = rows.largest_id() if schema else int(rows.ids.max())
+            top, pos = max(top, largest), pos + int(rows.labels.sum())
         n += len(rows)
     return n, top, pos
 
@@ -161,7 +181,7 @@ def source_files(spec) -> list[str]:
 
 
 def write_index(spec: str, *, feature_size: int | None = None, label_format: str = "01",
-                overwrite: bool = False) -> Path:
+                overwrite: bool = False, fields: list | None = None) -> Path:
     """`ctrtrain data index`: a manifest written beside the files (one directory)."""
     files = [os.path.abspath(f) for f in expand(spec)]
     parents = {str(Path(f).parent) for f in files}
@@ -172,6 +192,6 @@ def write_index(spec: str, *, feature_size: int | None = None, label_format: str
         raise DataError(f"already has a {MANIFEST_NAME} (pass --overwrite to replace it)",
                         path=str(directory))
     m = index_files(files, names=[Path(f).name for f in files], feature_size=feature_size,
-                    label_format=label_format)
+                    label_format=label_format, fields=fields)
     m.write(directory)
     return directory / MANIFEST_NAME

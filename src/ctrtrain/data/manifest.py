@@ -205,8 +205,13 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 22) -> str:
 def declared_fields(spec) -> list:
     """A declaration given by reference (a stream's, which has no manifest of its own): a data
     directory or manifest.json whose `fields` declare it, a JSON file holding the list, or the
-    list itself; checked as a manifest's is."""
+    list itself (or its JSON text); checked as a manifest's is."""
     from .schema import Schema
+    if isinstance(spec, str) and spec.strip().startswith("["):
+        try:
+            spec = json.loads(spec)
+        except ValueError as e:
+            raise DataError(f"is not a JSON list of field declarations ({e})", path="fields")
     if isinstance(spec, (list, tuple)):
         fields, where = list(spec), "fields"
     else:

@@ -198,6 +198,11 @@ class FieldRows:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def largest_id(self) -> int:
+        """The largest id the rows' integer id columns hold (-1 if none): what a table needs."""
+        cols = [c[1] if isinstance(c, tuple) else c for c in self.columns.values()]
+        return max((int(c.max()) for c in cols if c.size and c.dtype == np.int64), default=-1)
+
     def slice(self, start: int, stop: int) -> "FieldRows":
         """Rows [start, stop)."""
         columns = {}

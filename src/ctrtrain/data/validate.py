@@ -69,7 +69,7 @@ def file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
     """Yields (Rows of the good rows, [DataError per bad row]) block by block: labels 0/1,
     ids in [0, feature_size) (only >= 0 when None), finite values. A file that cannot be read
     on (a corrupt or cut TFRecord) raises a DataError naming the record. With declared fields
-    (`schema`), the good rows are FieldRows of their labels only."""
+    (`schema`), the good rows are FieldRows of their labels and id columns."""
     if schema is not None:
         yield from _declared_rows(path, schema, feature_size, compression)
         return
@@ -142,8 +142,24 @@ def _declared_rows(path: str, schema, feature_size: int | None, compression: str
                 _check_weights(b, f, v, flag, len(labels))
         ok = np.array([w is None for w in why], bool)
         bad = [DataError(w, path=path, record=n + i) for i, w in enumerate(why) if w]
-        yield FieldRows(labels[ok], {}), bad
+        yield FieldRows(labels[ok], _good_ids(b, schema, ok)), bad
         n += len(labels)
+
+
+def _good_ids(b, schema, ok) -> dict:
+    """The id columns (FieldRows' layout) of a parsed block's good rows; hashed fields, whose
+    ids are strings until hashed, left out."""
+    import tensorflow as tf
+    out = {}
+    for f in schema.fields:
+        if f.kind == "numeric" or f.hash_buckets:
+            continue
+        if f.kind == "categorical":
+            out[f.name] = b[f.name].numpy()[ok, 0]
+        else:
+            kept = tf.ragged.boolean_mask(b[f.name], ok)
+            out[f.name] = (kept.row_lengths().numpy(), kept.flat_values.numpy(), None)
+    return out
 
 
 def _check_weights(b, f, v, flag, n):
