@@ -81,7 +81,14 @@ def test_field_declarations_are_checked_by_name():
             ([], "non-empty list"),
             ([{"name": "x", "kind": "numeric", "hash_buckets": 9, "hash_base": 0}],
              "not hashed"),
-            ([{"name": "u", "hash_buckets": 9}], "hash_buckets and hash_base go together")]:
+            ([{"name": "u", "hash_buckets": 9}], "hash_buckets and hash_base go together"),
+            ([{"name": "u", "boundaries": [1, 2], "bucket_base": 0}],
+             "apply to numeric fields only"),
+            ([{"name": "x", "kind": "numeric", "boundaries": [2, 1], "bucket_base": 0}],
+             "increasing order"),
+            ([{"name": "x", "kind": "numeric", "boundaries": [1, "a"], "bucket_base": 0}],
+             "finite numbers"),
+            ([{"name": "x", "kind": "numeric", "boundaries": [1, 2]}], "bucket_base must be")]:
         with pytest.raises(DataError) as e:
             Schema.from_json(fields, where="m.json")
         assert said in str(e.value) and "m.json" in str(e.value), (fields, str(e.value))
@@ -92,6 +99,12 @@ def test_field_declarations_are_checked_by_name():
         hashed.check_ids(200)
     with pytest.raises(DataError, match="exceed feature_size 99"):
         Schema.from_json([{"name": "u", "hash_buckets": 10, "hash_base": 90}]).check_ids(99)
+    bucketed = Schema.from_json([{"name": "u", "hash_buckets": 10, "hash_base": 90},
+                                 {"name": "x", "kind": "numeric", "boundaries": [0, 1],
+                                  "bucket_base": 98}])
+    assert bucketed.field_size == 3 and Schema.from_json(bucketed.to_json()) == bucketed
+    with pytest.raises(DataError, match="x's bucket ids 98..100 overlap u's"):
+        bucketed.check_ids(200)
 
 
 def test_field_examples_round_trip_through_tensorflow():
@@ -465,3 +478,45 @@ def test_declared_files_without_a_manifest_are_indexed_with_their_declaration(de
     r = ctrtrain("data", "index", tmp_path, "--fields", declared / "train", "--overwrite",
                  "--feature-size", 10)
     assert r.returncode == 2 and "is outside [0, 10)" in r.stderr
+
+
+def test_a_numeric_field_bucketized_into_an_id_trains_and_serves(declared, tmp_path):
+    """A numeric field declared with boundaries keeps its value and also gets its bucket's
+    id (TensorFlow's Bucketize: the boundaries at or below the value), an FM slot after the
+    categorical ids; declared on the synthesized files through `data index --fields`."""
+    import shutil
+
+    import tensorflow as tf
+
+    from ctrtrain.data.manifest import read_manifest
+    from ctrtrain.input.pipeline import parse_fields_batch
+    src = read_manifest(declared / "train")
+    base = src.feature_size
+    fields = [dict(f, boundaries=[-1.0, 0.0, 0.5, 1.0], bucket_base=base + 5 * j)
+              if f["kind"] == "numeric" else f for j, f in enumerate(src.fields)]
+    (tmp_path / "decl.json").write_text(json.dumps(fields))
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+        for f in read_manifest(declared / split).files:
+            shutil.copy(declared / split / f.path, tmp_path / split / f.path)
+        ok("data", "index", tmp_path / split, "--fields", tmp_path / "decl.json",
+           "--feature-size", base + 10)
+    m = read_manifest(tmp_path / "train")
+    assert m.field_size == len(fields) + 2 and m.feature_size == base + 10
+
+    records = [r.numpy() for r in tf.data.TFRecordDataset(m.paths(tmp_path / "train")).take(64)]
+    b = parse_fields_batch(tf.constant(records), m.schema)
+    n_cat = len(m.schema.of("categorical"))
+    for j, f in enumerate(m.schema.bucketized()):
+        x = b["numeric"].numpy()[:, j]
+        want = np.searchsorted(f.boundaries, x, side="right") + f.bucket_base
+        assert b["ids"].numpy()[:, n_cat + j].tolist() == want.tolist()
+        assert len(set(want.tolist())) > 1
+
+    ok("train", "--train", tmp_path / "train", "--test", tmp_path / "test", "--model-dir",
+       tmp_path / "m", "--epochs", 1, "--batch-size", 512)
+    ok("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "test", "--out",
+       tmp_path / "p.csv")
+    test_files = read_manifest(tmp_path / "test").paths(tmp_path / "test")
+    served = served_from_examples(tmp_path / "m" / "export", test_files)
+    np.testing.assert_allclose(read_probs(tmp_path / "p.csv"), served, rtol=1e-5, atol=1e-6)

@@ -20,8 +20,14 @@ and a value's id is B + Fingerprint64(value) mod N (`tf.strings.to_hash_bucket_f
 same in training, evaluation and the exported model (whose `examples` signature then serves
 raw strings). Ids B .. B + N - 1 are the field's rows, inside the data's feature_size.
 
+A numeric field may also be **bucketized into an id**: with `boundaries` [b0 < b1 < ...] and
+`bucket_base` B, a value x also takes id B + (the number of boundaries <= x) (TensorFlow's
+Bucketize), an FM slot of its own beside the value's: the field counts twice in field_size.
+Ids B .. B + len(boundaries) are its rows, inside feature_size like hashed ones.
+
 Parsed batches (input/pipeline.py) hold, besides `label`:
-    ids, values   [B, categorical fields]   (values 1)
+    ids, values   [B, categorical fields    (values 1; the bucket ids after the categorical
+                   + bucketized numeric]     fields' ids, in field order)
     numeric       [B, numeric fields]       (only when there are numeric fields)
     bag_ids       [B, sum of max_len]       every multi_hot and sequence field padded to its
     bag_weights   [B, sum of max_len]       max_len with -1 ids and weight 0, side by side, in
@@ -56,6 +62,8 @@ class Field:
     weighted: bool = False     # multi_hot: a weight per id (`<name>__w`)
     hash_buckets: int = 0      # > 0: values are strings, hashed into this many ids ...
     hash_base: int = 0         # ... from this one
+    boundaries: tuple = ()     # numeric: also bucketized into an id at these boundaries ...
+    bucket_base: int = 0       # ... the first bucket's id
 
     def to_json(self) -> dict:
         d = {"name": self.name, "kind": self.kind}
@@ -65,6 +73,8 @@ class Field:
             d.update(max_len=self.max_len, pooling=self.pooling)
         if self.hash_buckets:
             d.update(hash_buckets=self.hash_buckets, hash_base=self.hash_base)
+        if self.boundaries:
+            d.update(boundaries=list(self.boundaries), bucket_base=self.bucket_base)
         return d
 
 
@@ -75,10 +85,16 @@ class Schema:
     def of(self, kind: str) -> list[Field]:
         return [f for f in self.fields if f.kind == kind]
 
+    def bucketized(self) -> list[Field]:
+        """The numeric fields also bucketized into an id: their ids follow the categorical
+        fields' in the batch."""
+        return [f for f in self.fields if f.boundaries]
+
     @property
     def field_size(self) -> int:
-        """Fields of the model's FM: every declared field (a bag pools into one)."""
-        return len(self.fields)
+        """Slots of the model's FM: every declared field (a bag pools into one), and a
+        bucketized numeric field's bucket id besides its value."""
+        return len(self.fields) + len(self.bucketized())
 
     def lists(self) -> list[Field]:
         """The multi_hot and sequence fields, in field order: the batch's bag columns."""
@@ -105,7 +121,7 @@ class Schema:
             if not isinstance(d, dict):
                 raise bad(i, "must be an object with name and kind")
             unknown = set(d) - {"name", "kind", "max_len", "pooling", "weighted",
-                                "hash_buckets", "hash_base"}
+                                "hash_buckets", "hash_base", "boundaries", "bucket_base"}
             if unknown:
                 raise bad(i, f"unknown key(s) {sorted(unknown)}")
             name, kind = d.get("name"), d.get("kind", "categorical")
@@ -119,6 +135,7 @@ class Schema:
             if kind not in KINDS:
                 raise bad(i, f"kind {kind!r} is not one of {', '.join(KINDS)}")
             hashing = _hashing(d, kind, lambda why: bad(i, why))
+            hashing.update(_bucketing(d, kind, lambda why: bad(i, why)))
             if kind not in LISTS:
                 extra = {"max_len", "pooling", "weighted"} & set(d)
                 if extra:
@@ -141,16 +158,19 @@ class Schema:
         return cls(tuple(out))
 
     def check_ids(self, feature_size: int, where: str = "manifest") -> None:
-        """Every hashed field's ids inside the table, and no two fields sharing them."""
-        spans = sorted((f.hash_base, f.hash_base + f.hash_buckets, f.name)
-                       for f in self.fields if f.hash_buckets)
-        for i, (lo, hi, name) in enumerate(spans):
+        """Every hashed field's and bucket's ids inside the table, and no two fields sharing
+        them."""
+        spans = sorted([(f.hash_base, f.hash_base + f.hash_buckets, f.name, "hashed ids")
+                        for f in self.fields if f.hash_buckets]
+                       + [(f.bucket_base, f.bucket_base + len(f.boundaries) + 1, f.name,
+                           "bucket ids") for f in self.bucketized()])
+        for i, (lo, hi, name, what) in enumerate(spans):
             if hi > feature_size:
-                raise DataError(f"field declaration: {name}'s hashed ids {lo}..{hi - 1} "
+                raise DataError(f"field declaration: {name}'s {what} {lo}..{hi - 1} "
                                 f"exceed feature_size {feature_size}", path=where,
                                 field="fields")
             if i and lo < spans[i - 1][1]:
-                raise DataError(f"field declaration: {name}'s hashed ids {lo}..{hi - 1} "
+                raise DataError(f"field declaration: {name}'s {what} {lo}..{hi - 1} "
                                 f"overlap {spans[i - 1][2]}'s", path=where, field="fields")
 
 
@@ -166,6 +186,23 @@ def _hashing(d: dict, kind: str, bad) -> dict:
             raise bad(f"{key} must be an integer of at least {least} (hash_buckets and "
                       f"hash_base go together), not {v!r}")
     return {"hash_buckets": buckets, "hash_base": base}
+
+
+def _bucketing(d: dict, kind: str, bad) -> dict:
+    """A numeric field declaration's boundaries and bucket_base (both, or neither)."""
+    if "boundaries" not in d and "bucket_base" not in d:
+        return {}
+    if kind != "numeric":
+        raise bad("boundaries and bucket_base apply to numeric fields only")
+    edges, base = d.get("boundaries"), d.get("bucket_base")
+    if not isinstance(edges, list) or not edges or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+            for x in edges) or any(a >= b for a, b in zip(edges, edges[1:])):
+        raise bad(f"boundaries must be a non-empty list of finite numbers in increasing order "
+                  f"(boundaries and bucket_base go together), not {edges!r}")
+    if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+        raise bad(f"bucket_base must be a non-negative integer, not {base!r}")
+    return {"boundaries": tuple(float(x) for x in edges), "bucket_base": base}
 
 
 def feature_spec(schema: Schema) -> dict:

@@ -50,7 +50,8 @@ def parse_tfrecord_batch(serialized, field_size: int, with_label: bool = True):
 
 def parse_fields_batch(serialized, schema, with_label: bool = True):
     """A batch of a declared schema's Examples (data/schema.py) in the batch layout
-    documented there: categorical ids [B, C] (values 1), numeric [B, N], every bag cut to its
+    documented there: categorical ids [B, C] (values 1; bucketized numeric fields' bucket ids
+    after them), numeric [B, N], every bag cut to its
     max_len (a multi_hot's first ids, a sequence's last) and padded with -1 ids and 0 weights
     into bag_ids / bag_weights [B, sum max_len]."""
     from ..data.schema import WEIGHTS_SUFFIX
@@ -63,6 +64,8 @@ def parse_fields_batch(serialized, schema, with_label: bool = True):
     out = {"label": f["label"][:, 0]} if with_label else {}
     f.update({c.name: field_ids(c, f[c.name]) for c in schema.fields if c.hash_buckets})
     cat = [f[c.name] for c in schema.of("categorical")]
+    cat += [tf.cast(tf.raw_ops.Bucketize(input=f[c.name], boundaries=list(c.boundaries)),
+                    tf.int64) + c.bucket_base for c in schema.bucketized()]
     out["ids"] = tf.concat(cat, 1) if cat else tf.zeros(tf.concat([rows, [0]], 0), tf.int64)
     out["values"] = tf.ones_like(out["ids"], tf.float32)
     if schema.of("numeric"):
