@@ -25,7 +25,9 @@ import numpy as np
 from .libsvm import _NUMBER, FLOAT32_MAX, LABEL_FORMATS, MAX_EXACT_ID, BadRow
 from .schema import Field, FieldRows, Schema
 
-MAX_FIELDS = 10_000      # more is a sign of another format (or a typo), not of libffm data
+# More is a sign of another format (or a typo), not of libffm data (Criteo's has 39 fields,
+# Avazu's 22); it also bounds the [rows, fields] count block a worker holds (200 MB at most).
+MAX_FIELDS = 1_000
 _INT = re.compile(r"[0-9]+")
 
 
@@ -154,7 +156,7 @@ class FieldStats:
 
 def _counts(block: FfmBlock, width: int) -> np.ndarray:
     """Pairs per row and field, [n, width] (pairs of fields at or above width left out)."""
-    counts = np.zeros((len(block), width), np.int64)
+    counts = np.zeros((len(block), width), np.int32)
     inside = block.field < width
     np.add.at(counts, (block.row[inside], block.field[inside]), 1)
     return counts
@@ -211,6 +213,7 @@ def to_field_rows(block: FfmBlock, schema: Schema, path: str):
         if f.kind == "categorical":
             columns[f.name] = ids[lo:hi]
         else:
-            columns[f.name] = (counts[:, j], ids[lo:hi], values[lo:hi] if f.weighted else None)
+            columns[f.name] = (counts[:, j].astype(np.int64), ids[lo:hi],
+                               values[lo:hi] if f.weighted else None)
             longer[f.name] = int((counts[:, j] > f.max_len).sum())
     return FieldRows(block.labels[ok], columns), bad, longer
