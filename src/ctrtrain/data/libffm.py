@@ -25,8 +25,8 @@ import numpy as np
 from .libsvm import _NUMBER, FLOAT32_MAX, LABEL_FORMATS, MAX_EXACT_ID, BadRow
 from .schema import Field, FieldRows, Schema
 
-# More is a sign of another format (or a typo), not of libffm data (Criteo's has 39 fields,
-# Avazu's 22); it also bounds the [rows, fields] count block a worker holds (200 MB at most).
+# More is a sign of another format (or a typo), not of libffm data (Criteo's has 39 fields);
+# it also bounds the [rows, fields] count block a worker holds (200 MB at most).
 MAX_FIELDS = 1_000
 _INT = re.compile(r"[0-9]+")
 
