@@ -9,7 +9,8 @@ from pathlib import Path
 
 # Lowest first. A module may import its own layer and those below it.
 LAYERS = [
-    {"errors", "mode", "heartbeat", "progress", "metrics", "usage", "shutdown", "__init__"},
+    {"errors", "mode", "heartbeat", "progress", "metrics", "usage", "shutdown", "values",
+     "__init__"},
     {"data"},
     {"environment"},
     {"input"},

@@ -144,10 +144,11 @@ def test_pooling_follows_the_declaration():
     sum; sqrtn: over the root of their squares' sum), computed here from the table."""
     import tensorflow as tf
 
-    from ctrtrain.models.deepfm import DeepFM, DeepFMConfig
+    from ctrtrain.models.base import ModelConfig
+    from ctrtrain.models.deepfm import DeepFM
     for pooling, norm in [("sum", lambda w: 1.0), ("mean", lambda w: w.sum()),
                           ("sqrtn", lambda w: np.sqrt((w ** 2).sum()))]:
-        m = DeepFM(DeepFMConfig(feature_size=10, field_size=2, embedding_size=3,
+        m = DeepFM(ModelConfig(feature_size=10, field_size=2, embedding_size=3,
                                 deep_layers=(4,), numeric_fields=1, bags=((3, pooling),)))
         m.table.assign(tf.random.normal(m.table.shape, seed=1))
         table = m.table.numpy()
@@ -161,13 +162,13 @@ def test_pooling_follows_the_declaration():
         slots = np.stack([table[10] * 1.5, pooled])            # numeric row: feature_size + 0
         first = slots[:, 0].sum()
         fm = 0.5 * ((slots[:, 1:].sum(0) ** 2) - (slots[:, 1:] ** 2).sum(0)).sum()
-        deep = m._mlp(tf.constant(slots.reshape(1, -1)), False).numpy()[0]
+        deep = m.mlp(tf.constant(slots.reshape(1, -1)), False).numpy()[0, 0]
         assert np.isclose(logits.numpy()[0], first + fm + deep, atol=1e-5), pooling
         # An empty bag and a zero numeric: nothing but the bias and the MLP of zeros.
-        zero = m._mlp(tf.zeros([1, 8]), False).numpy()[0]
+        zero = m.mlp(tf.zeros([1, 8]), False).numpy()[0, 0]
         assert np.isclose(logits.numpy()[1], zero, atol=1e-6), pooling
     # A data set of bags alone (no single field to tell the batch size).
-    m = DeepFM(DeepFMConfig(feature_size=10, field_size=1, embedding_size=3, deep_layers=(4,),
+    m = DeepFM(ModelConfig(feature_size=10, field_size=1, embedding_size=3, deep_layers=(4,),
                             bags=((2, "mean"),)))
     logits, _ = m({"ids": tf.zeros([3, 0], tf.int64), "values": tf.zeros([3, 0]),
                    "bag_ids": tf.constant([[1, 2], [-1, -1], [3, -1]], tf.int64),

@@ -1,5 +1,5 @@
 """table_updates: catchup gives the dense optimizer's parameters at the cost of the rows a batch
-touches (models/optimizers.py). Checked through the real training step (build_training: DeepFM,
+touches (models/engine/). Checked through the real training step (build_training: DeepFM,
 its row reads, the optimizer), on a small table with long-tailed ids, so that rows sit idle for
 many steps between updates."""
 
@@ -11,7 +11,7 @@ tf = pytest.importorskip("tensorflow")
 # The update arithmetic of the training step, on the ops of each TensorFlow version.
 pytestmark = pytest.mark.tf215
 
-from ctrtrain.models.deepfm import DeepFMConfig  # noqa: E402
+from ctrtrain.models.base import ModelConfig  # noqa: E402
 from ctrtrain.train.step import build_training, settle_function  # noqa: E402
 
 ROWS, FIELDS = 1000, 5
@@ -29,7 +29,7 @@ def batches(n: int, batch: int = 32, seed: int = 0):
 
 def train(table_updates: str, optimizer: str, steps: int, lr: float, **params):
     tf.random.set_seed(0)
-    cfg = DeepFMConfig(ROWS, FIELDS, embedding_size=4, deep_layers=(8,), seed=0, l2_dense=1e-3)
+    cfg = ModelConfig(ROWS, FIELDS, embedding_size=4, deep_layers=(8,), seed=0, l2_dense=1e-3)
     model, opt, step, variables = build_training(
         cfg, optimizer, lr, optimizer_params={"table_updates": table_updates, **params})
     touched = np.zeros(ROWS, bool)
@@ -94,7 +94,7 @@ def test_table_l2_is_the_samples_penalty_on_every_row():
     step, in dense mode and (caught up when read) in catchup mode; lazy mode leaves it."""
     steps, lr, l2 = 20, 0.1, 0.5
     ids = np.ones(64, np.int64)     # only row 1 is ever touched
-    cfg = DeepFMConfig(ROWS, 1, embedding_size=2, deep_layers=(4,), seed=0)
+    cfg = ModelConfig(ROWS, 1, embedding_size=2, deep_layers=(4,), seed=0)
     for mode in ("dense", "catchup", "lazy"):
         model, opt, step, _ = build_training(cfg, "sgd", lr, optimizer_params={
             "table_updates": mode, "table_l2": l2})

@@ -27,7 +27,7 @@ def _argparse_type(parse, name: str):
 def _number(kind, low, high=None, low_open=False):
     """A number of `kind` in [low, high] ((low, high] with low_open): nonsense such as
     --shards 0 is refused by name before anything runs."""
-    from .train.config import number
+    from .values import number
     return _argparse_type(number(kind, low, low_open=low_open, high=high), kind.__name__)
 
 
@@ -37,7 +37,7 @@ SECONDS = _number(float, 0)
 
 
 def _ints():
-    from .train.config import items, number
+    from .values import items, number
     return _argparse_type(items(number(int, 1)), "integers")
 
 
@@ -453,8 +453,9 @@ FLAG_NAMES = {"train_dir": "--train", "valid_dir": "--valid", "test_dir": "--tes
 def _train_commands(sub):
     from .train.config import SECTIONS, TrainConfig, table
     d = TrainConfig()
-    p = sub.add_parser("train", help="train DeepFM on one host (evaluate, checkpoint, export)",
-                       description="Train DeepFM. Every setting has a flag (below, with its "
+    p = sub.add_parser("train", help="train a model (--model, default DeepFM) on one host (evaluate, "
+                       "checkpoint, export)",
+                       description="Train a CTR model (--model). Every setting has a flag (below, with its "
                        "default) and a key in a --config file; flags override the file. "
                        "Re-running the same command resumes from the last checkpoint "
                        "(--fresh starts over). The resolved configuration is written to "

@@ -139,7 +139,7 @@ def _dense_worker(p: dict) -> dict:
     from ..train.threads import ThreadConfig, apply_threads
     apply_threads(ThreadConfig(**p.get("threads", {})))
     import tensorflow as tf
-    from ..models.optimizers import make_optimizer
+    from ..models.engine.optimizers import make_optimizer
     width = p["field_size"] * p["embedding_size"]
     dims = [width] + list(p["deep_layers"]) + [1]
     glorot = tf.initializers.GlorotUniform(seed=0)

@@ -23,83 +23,28 @@ import yaml
 
 from ..errors import ConfigError
 from ..mode import Mode
+from ..models import MODELS
+from ..values import boolean as _bool
+from ..values import choice as _choice
+from ..values import drop_rate as _drop_rate
+from ..values import items, number
 from .threads import ThreadConfig
 
 SECTIONS = ("data", "model", "optimizer", "schedule", "distribution", "output")
 OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "momentum")
-TABLE_UPDATES = ("catchup", "lazy", "dense")   # models/optimizers.py: what each means
+TABLE_UPDATES = ("catchup", "lazy", "dense")   # models/engine/updates.py: what each means
 # table_updates auto: dense (exact, every row every step) for a table of at most this many
 # rows, catchup above. Measured (docs/benchmarks.md, "dense or catchup"): below it a dense
 # step costs no more than catching the batch's rows up, and it is the reference's own result.
 AUTO_DENSE_ROWS = 100_000
 MODES = tuple(m.value for m in Mode)
+# The model settings every model reads (the others: each model's `reads`, models/__init__.py).
+UNIVERSAL = ("model", "l2_reg", "l2_embedding", "output_bias")
 # The public SageMaker DeepFM sample's hyperparameter names for the same settings.
 ALIASES = {"num_epochs": "epochs", "log_steps": "log_every"}
 
 
-# -- parsers: text (a flag, a hyperparameter) or a native value (YAML) -> the field's value ------
-
-def _bool(v):
-    if isinstance(v, bool):
-        return v
-    text = str(v).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"{v!r} is not true or false")
-
-
-def number(kind, low=None, low_open=False, high=None, optional=False):
-    def parse(v):
-        if optional and (v is None or str(v).strip().lower() in ("", "none", "null")):
-            return None
-        if isinstance(v, bool):
-            raise ValueError(f"{v!r} is not a number")
-        try:
-            x = kind(v) if kind is float or isinstance(v, int) else int(str(v).strip())
-        except (TypeError, ValueError):
-            raise ValueError(f"{v!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if kind is float and not math.isfinite(x):
-            raise ValueError(f"{v!r} is not a finite number")
-        if low is not None and (x <= low if low_open else x < low):
-            raise ValueError(f"{v} must be {'>' if low_open else '>='} {low}")
-        if high is not None and x > high:
-            raise ValueError(f"{v} must be <= {high}")
-        return x
-    return parse
-
-
-def items(item, allow_scalar=False):
-    """"400,400,400", "[400, 400]", a YAML list, or (allow_scalar) one value."""
-    def parse(v):
-        if isinstance(v, (list, tuple)):
-            parts = list(v)
-        else:
-            parts = [p for p in str(v).strip().strip("[]()").split(",") if p.strip()]
-        if not parts:
-            raise ValueError(f"{v!r}: give one or more values")
-        out = tuple(item(p) for p in parts)
-        return out[0] if allow_scalar and len(out) == 1 and not isinstance(v, (list, tuple)) \
-            and "," not in str(v) else out
-    return parse
-
-
-def _drop_rate(v):
-    x = number(float, 0)(v)
-    if x >= 1:
-        raise ValueError(f"{v} is not a drop rate in [0, 1)")
-    return x
-
-
-def _choice(*allowed, lower=True):
-    def parse(v):
-        text = str(v).strip().lower() if lower else str(v).strip()
-        if text not in allowed:
-            raise ValueError(f"{v!r} is not one of {', '.join(allowed)}")
-        return text
-    return parse
-
+# -- parsers of the table's own kinds (values.py has the common ones) ----------------------
 
 def _schedule(v):
     """Steps (`500`) or epochs (`0.5 epochs`, `1epoch`, `2e`); 0 = never."""
@@ -178,6 +123,8 @@ class TrainConfig:
     parse: str = setting("vectorized", "data", "input parsing: vectorized (batch, then parse) | "
                          "scalar", _choice("vectorized", "scalar"))
     # model
+    model: str = setting("deepfm", "model", "the model: " + "; ".join(
+        f"{name} ({e.summary})" for name, e in MODELS.items()), _choice(*MODELS))
     embedding_size: int = setting(16, "model", "k, the embedding width", number(int, 1))
     deep_layers: tuple[int, ...] = setting((256, 128, 64), "model", "MLP widths, e.g. 400,400,400",
                                            items(number(int, 1)))
@@ -273,7 +220,8 @@ class TrainConfig:
 
     # Fields that must match for a checkpoint to be resumed: the variables' shapes, and where
     # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
-    SHAPE_FIELDS = ("embedding_size", "deep_layers", "batch_norm", "optimizer", "table_updates")
+    SHAPE_FIELDS = ("model", "embedding_size", "deep_layers", "batch_norm", "optimizer",
+                    "table_updates")
     POSITION_FIELDS = ("batch_size", "seed", "shuffle_buffer", "cache", "mode", "train_data")
 
     def __post_init__(self):
@@ -368,6 +316,7 @@ def check_config(cfg: TrainConfig):
             f.metadata["parse"](list(v) if isinstance(v, tuple) else v)
         except ValueError as e:
             raise ConfigError(f"{f.name}: {e}") from None
+    _check_model_settings(cfg)
     if cfg.log_every == 0:
         raise ConfigError("log_every: give steps >= 1 or epochs")
     if isinstance(cfg.dropout, tuple) and len(cfg.dropout) != len(cfg.deep_layers):
@@ -406,6 +355,19 @@ def check_config(cfg: TrainConfig):
                 raise ConfigError(f"{name}: a Pipe stream has no known epoch length; give steps")
 
 
+def _check_model_settings(cfg: TrainConfig):
+    """A model setting the chosen model does not read (models/__init__.py MODELS) is refused
+    by name when given a value other than its default: it would change nothing."""
+    reads = MODELS[cfg.model].reads
+    for f in table():
+        if f.metadata["section"] != "model" or f.name in reads or f.name in UNIVERSAL:
+            continue
+        if getattr(cfg, f.name) != f.default:
+            has = ", ".join(reads) or "none but " + ", ".join(UNIVERSAL)
+            raise ConfigError(f"{f.name}: model {cfg.model} does not use it (its model "
+                              f"settings: {has})")
+
+
 def resolve_table_updates(cfg: TrainConfig, feature_size: int) -> str:
     """`auto` made concrete from the table's size (the same on every rank: it depends only
     on the configuration and the data's manifest). Trainers call it once, before the model
@@ -435,15 +397,15 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
                  positive_rate: float | None = None, schema=None):
     """`positive_rate`: the training data's (manifest), for output_bias prior; `schema`: its
     declared fields (data/schema.py), None for the fixed schema."""
-    from ..models.deepfm import DeepFMConfig
+    from ..models.base import ModelConfig
     l2d = cfg.l2_reg if cfg.l2_dense is None else cfg.l2_dense
     bias = 0.0
     if cfg.output_bias == "prior" and positive_rate is not None and 0 < positive_rate < 1:
         bias = math.log(positive_rate / (1 - positive_rate))
-    return DeepFMConfig(feature_size, field_size, cfg.embedding_size, tuple(cfg.deep_layers),
+    return ModelConfig(feature_size, field_size, cfg.embedding_size, tuple(cfg.deep_layers),
                         cfg.dropout_rates, cfg.batch_norm, l2_dense=l2d,
                         mixed_precision=cfg.mixed_precision, xla=cfg.xla, seed=cfg.seed,
                         initial_bias=bias,
                         numeric_fields=len(schema.of("numeric")) if schema else 0,
                         bags=tuple((f.max_len, f.pooling) for f in schema.lists())
-                        if schema else ())
+                        if schema else (), model=cfg.model)

@@ -60,7 +60,7 @@ class ChiefActions:
     """What the trainers share around their steps: the final checkpoint and the evaluation of
     a split (the chief's). A trainer sets cfg, manager, predict, log, feature_size, save() and
     settle() (brings every table row to the current step: a catch-up optimizer's rows are
-    otherwise current only as of their last update; see models/optimizers.py)."""
+    otherwise current only as of their last update; see models/engine/updates.py)."""
 
     def save_final(self, step: int) -> None:
         from .model_dir import saved_at
@@ -222,7 +222,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
         vocab = str(Path(cfg.train_dir) / manifest.vocabulary) if manifest.vocabulary else None
         result["export"] = export_saved_model(
             trainer.model, md / "export", outcome.step,
-            {"field_size": manifest.field_size, "feature_size": feature_size,
+            {"model": cfg.model, "field_size": manifest.field_size, "feature_size": feature_size,
              **({"fields": manifest.fields} if manifest.fields else {}),
              "step": outcome.step, "test": result["test"], "mode": cfg.mode}, vocab,
             schema=manifest.schema)

@@ -68,7 +68,7 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
             raise ConfigError(f"{prev} is damaged, so the checkpoints beside it cannot be checked "
                               "before resuming; --fresh starts over") from None
         # Runs from before a setting existed trained as its first value did.
-        old = {"table_updates": "lazy", **old}
+        old = {"table_updates": "lazy", "model": "deepfm", **old}
         for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size") + TrainConfig.POSITION_FIELDS:
             if k in old and old[k] != record[k]:
                 what = "data position" if k in TrainConfig.POSITION_FIELDS else "model"

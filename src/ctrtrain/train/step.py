@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ..models.deepfm import DeepFM, DeepFMConfig
-from ..models.optimizers import make_optimizer
+from ..models import build_model
+from ..models.base import ModelConfig
+from ..models.engine.optimizers import make_optimizer
 
 
-def build_training(model_cfg: DeepFMConfig, optimizer: str, learning_rate: float, runtime=None,
+def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float, runtime=None,
                    compile_step: bool = True, optimizer_params: dict | None = None):
     """(model, opt, train_step, variables); train_step(batch) applies one update and returns
     the mean loss. Call inside runtime.scope(). `runtime` (train/runtime.py) says how replicas
     combine gradients; None = one process, one replica. With compile_step=False the step is
     the per-replica function, for callers that schedule it themselves (parameter servers).
     `optimizer_params`: the optimizer's settings, with table_updates and table_l2."""
-    model = DeepFM(model_cfg)
+    model = build_model(model_cfg)
     opt = make_optimizer(optimizer, learning_rate, **(optimizer_params or {}))
     variables = model.embedding_tables + model.dense_variables()
     opt.build(variables, tables=model.embedding_tables)

@@ -1,0 +1,96 @@
+"""What every model shares: its configuration, the embedding table, the output bias, and the
+contract with training (train/step.py), export and the optimizer.
+
+A model is a short file: a subclass of `CTRModel` that builds its blocks (blocks.py) in
+`build` and returns its logit's terms from the embedded fields in `terms`; the table, its
+sparse-aware updates, every distribution mode, checkpoints and export come with the base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from .engine.tables import EmbeddingTable, shards
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    feature_size: int
+    field_size: int
+    embedding_size: int = 16
+    deep_layers: tuple[int, ...] = (256, 128, 64)
+    dropout: float | tuple[float, ...] = 0.0   # drop *rate* of the deep layers' outputs (or
+                                               # one per layer)
+    batch_norm: bool = False
+    l2_dense: float = 0.0         # l2_dense * tf.nn.l2_loss(kernel) per dense kernel (the
+                                  # table's L2 is its optimizer's: engine/updates.py)
+    mixed_precision: bool = False # bfloat16 MLP compute, float32 master weights
+    xla: bool = False             # XLA-compile the MLP (the sparse part has dynamic shapes)
+    seed: int = 0
+    initial_bias: float = 0.0     # the output bias at the start: logit of the positive rate
+    numeric_fields: int = 0       # declared numeric fields: rows feature_size .. + this
+    bags: tuple[tuple[int, str], ...] = ()   # (max_len, pooling) of each multi_hot or
+                                             # sequence field, in field order
+    model: str = "deepfm"         # the model's name (models/__init__.py MODELS)
+
+    def rates(self) -> tuple[float, ...]:
+        d = self.dropout
+        return tuple(d) if isinstance(d, (tuple, list)) else (float(d),) * len(self.deep_layers)
+
+
+class CTRModel(tf.Module):
+    """logit = bias + the sum of the model's terms. Subclasses set `first_order` (the table
+    holds a linear weight per id in column 0), `embeds` (it has embeddings: False makes the
+    table one column wide), and define `build` and `terms`."""
+    first_order = True
+    embeds = True
+    unique_gradients = EmbeddingTable.unique_gradients
+
+    def __init__(self, cfg: ModelConfig, name: str | None = None):
+        """Create inside a strategy's scope to distribute the variables (the table may become
+        a ShardedVariable under parameter servers)."""
+        super().__init__(name=name)
+        self.cfg = cfg
+        if not self.embeds:
+            cfg = dataclasses.replace(cfg, embedding_size=0)
+        self.embeddings = EmbeddingTable(cfg, self.first_order)
+        # Starting at the data's base rate, early steps are calibrated on rare-positive data
+        # instead of spending themselves on moving the bias from 0.5.
+        self.bias = tf.Variable(float(cfg.initial_bias), name="bias")
+        self.blocks = self.build(cfg)
+
+    def build(self, cfg: ModelConfig) -> list:
+        """Creates the model's blocks (after the table, so that seeded initial values do not
+        depend on the model) and returns them."""
+        return []
+
+    def terms(self, embedded, training: bool) -> list:
+        """The logit's terms [B] (added to the bias in this order)."""
+        raise NotImplementedError
+
+    @property
+    def table(self):
+        return self.embeddings.table
+
+    @property
+    def embedding_tables(self):
+        """The table's variables: itself, or its shards when partitioned."""
+        return self.embeddings.variables_to_update
+
+    def dense_variables(self):
+        own = [v for b in self.blocks for v in b.variables_to_update()]
+        return [v for var in [self.bias] + own for v in shards(var)]
+
+    def __call__(self, features, training: bool = False, row_correction=None):
+        """Returns (logits [B], the dense kernels' L2 penalty) of a batch's features (ids,
+        values; with declared fields also numeric, bag_ids, bag_weights: data/schema.py)."""
+        logits = self.bias
+        for term in self.terms(self.embeddings(features, row_correction), training):
+            logits = logits + term
+        penalized = [k for b in self.blocks for k in b.penalized()]
+        l2 = 0.0
+        if self.cfg.l2_dense and penalized:
+            l2 = self.cfg.l2_dense * tf.add_n([tf.nn.l2_loss(k) for k in penalized])
+        return logits, l2

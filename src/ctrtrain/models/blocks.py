@@ -1,0 +1,104 @@
+"""Interaction blocks a model is made of, each a small piece over the embedded fields
+(engine/tables.py `Embedded`): the first-order sum and FM's pairwise term, and the MLP.
+
+Plain tf.Module and tf.Variable, no Keras: Keras 3 breaks under ParameterServerStrategy
+(DESIGN.md 4). A block's `variables_to_update()` are its trainable variables (the optimizer
+updates them densely) and `penalized()` the kernels the model's l2_dense applies to.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def first_and_fm(block, first_order: bool = True):
+    """(first-order sum [B] or None, FM's second-order term [B]) of an embedded block
+    [B, F, width]: sum_f w_f x_f and 1/2 sum_k [(sum_f e_fk)^2 - sum_f e_fk^2].
+
+    The terms slice the small per-example sums [B, width], never the [B, F, width] block by
+    column (the gradients of such slices cost more than the FM itself)."""
+    summed = tf.reduce_sum(block, 1)                                     # [B, width]
+    square_of_sum = tf.square(summed) - tf.reduce_sum(tf.square(block), 1)
+    if not first_order:
+        return None, 0.5 * tf.reduce_sum(square_of_sum, 1)
+    return summed[:, 0], 0.5 * tf.reduce_sum(square_of_sum[:, 1:], 1)
+
+
+class MLP(tf.Module):
+    """Dense layers `units` (the last one linear: the output), ReLU, optional batch
+    normalization and dropout after each hidden one. `input_mask` [width, 1]: inputs held at
+    zero in the first kernel (its initial values and every product), so a model can feed the
+    whole embedded block and the MLP still sees only the embeddings (DeepFM: not the
+    first-order column)."""
+
+    def __init__(self, width: int, units, rates=(), batch_norm: bool = False, seed: int = 0,
+                 input_mask=None, mixed_precision: bool = False, xla: bool = False,
+                 name: str = "mlp"):
+        super().__init__(name=name)
+        units = list(units)
+        self.rates = tuple(rates) or (0.0,) * (len(units) - 1)
+        self.mixed_precision, self.input_mask = mixed_precision, input_mask
+        self.kernels, self.biases, self.bn = [], [], []
+        glorot = tf.initializers.GlorotUniform(seed=seed)
+        for i, n in enumerate(units):
+            init = glorot((width, n))
+            if i == 0 and input_mask is not None:
+                init = init * input_mask
+            self.kernels.append(tf.Variable(init, name=f"kernel_{i}"))
+            self.biases.append(tf.Variable(tf.zeros([n]), name=f"bias_{i}"))
+            if batch_norm and i < len(units) - 1:
+                self.bn.append(BatchNorm(n, name=f"bn_{i}"))
+            width = n
+        # XLA only here: the sparse part has dynamic shapes.
+        self._run = tf.function(self._eager, jit_compile=True) if xla else self._eager
+
+    def variables_to_update(self):
+        bn = [v for b in self.bn for v in (b.gamma, b.beta)]
+        return self.kernels + self.biases + bn
+
+    def penalized(self):
+        return self.kernels
+
+    def __call__(self, h, training: bool = False):
+        """[B, units[-1]] float32 (computed in bfloat16 with mixed_precision)."""
+        return self._run(h, training)
+
+    def _eager(self, h, training: bool):
+        dtype = tf.bfloat16 if self.mixed_precision else tf.float32
+        h = tf.cast(h, dtype)
+        n_hidden = len(self.kernels) - 1
+        for i, (kern, b) in enumerate(zip(self.kernels, self.biases)):
+            if i == 0 and self.input_mask is not None:
+                kern = kern * self.input_mask
+            h = tf.matmul(h, tf.cast(kern, dtype)) + tf.cast(b, dtype)
+            if i < n_hidden:
+                if self.bn:
+                    h = tf.cast(self.bn[i](tf.cast(h, tf.float32), training), dtype)
+                h = tf.nn.relu(h)
+                rate = self.rates[i]
+                if training and rate > 0:
+                    h = tf.nn.dropout(h, rate=rate)
+        return tf.cast(h, tf.float32)
+
+
+class BatchNorm(tf.Module):
+    def __init__(self, units: int, momentum: float = 0.99, eps: float = 1e-3, name=None):
+        super().__init__(name=name)
+        self.gamma = tf.Variable(tf.ones([units]), name="gamma")
+        self.beta = tf.Variable(tf.zeros([units]), name="beta")
+        self.mean = tf.Variable(tf.zeros([units]), trainable=False, name="moving_mean")
+        self.var = tf.Variable(tf.ones([units]), trainable=False, name="moving_var")
+        self.momentum, self.eps = momentum, eps
+
+    def __call__(self, h, training):
+        if training:
+            mean, var = tf.nn.moments(h, [0])
+            # On the handle: under a mirrored strategy each replica keeps moving statistics of
+            # its own batches (the chief's are exported), as the optimizer updates its copy.
+            for stat, batch_value in ((self.mean, mean), (self.var, var)):
+                tf.raw_ops.AssignVariableOp(
+                    resource=stat.handle,
+                    value=self.momentum * stat + (1 - self.momentum) * batch_value)
+        else:
+            mean, var = self.mean, self.var
+        return tf.nn.batch_normalization(h, mean, var, self.beta, self.gamma, self.eps)
