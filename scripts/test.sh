@@ -6,8 +6,9 @@
 #   lint          ruff, and no lower layer importing an upper one (scripts/check_layers.py);
 #   2.21 pass     every test, in .venv;
 #   2.15 pass     the tests marked `tf215`, in .venv-hvd: what differs on the TF version
-#                 SageMaker's Horovod containers ship (Horovod, the Estimator runner, one
-#                 end-to-end test of each command and mode run by TF 2.15 itself).
+#                 SageMaker's Horovod containers ship (one end-to-end test of each command and
+#                 mode run by TF 2.15 itself; Horovod ranks and the Estimator runner always run
+#                 in .venv-hvd, so their tests run once, in the 2.21 pass).
 # Each pass ends with its 10 slowest tests; the script ends with the seconds of each phase.
 #
 #   bash scripts/test.sh                  the whole suite (what CI runs)

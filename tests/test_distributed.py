@@ -158,7 +158,6 @@ def test_data_service_with_parameter_servers(tmp_path, data, single):
 
 
 @pytest.mark.slow
-@pytest.mark.tf215
 def test_horovod_matches_single_process(tmp_path, data, single):
     if not HVD_PYTHON.exists():
         if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):

@@ -187,7 +187,6 @@ def test_schedules_in_epochs_config_files_and_test_predictions(tmp_path, data):
 
 
 @pytest.mark.slow
-@pytest.mark.tf215
 def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_path, loose):
     """With --estimator-python, the SageMaker sample's TF1 Estimator (estimator_runner.py, in
     .venv-hvd: tf.estimator is gone from TF 2.16 on) is measured on the same data."""
