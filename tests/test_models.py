@@ -12,7 +12,7 @@ from conftest import run_cli
 tf = pytest.importorskip("tensorflow")
 
 DATA = {"rows": 40_000, "feature_size": 2_000, "seed": 3}   # test_distributed.py's
-MODELS = ["lr", "fm"]   # DeepFM: test_train.py, test_distributed.py and the others
+MODELS = ["lr", "fm", "wide_deep", "dcn_v2"]   # DeepFM: test_train.py, test_distributed.py and others
 
 
 def features(batch=4):
@@ -39,25 +39,65 @@ def slots(table, f):
     return np.array(out)
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_each_model_computes_its_papers_logit(name):
+def np_mlp(mlp, h, mask=None):
+    """The MLP block's output computed from its variables: ReLU after each hidden layer."""
+    for i, (k, b) in enumerate(zip(mlp.kernels, mlp.biases)):
+        k = k.numpy() * (mask if i == 0 and mask is not None else 1)
+        h = h @ k + b.numpy()
+        if i < mlp.hidden:
+            h = np.maximum(h, 0)
+    return h
+
+
+def np_cross(cross, x0):
+    """DCN-v2's x_{l+1} = x0 * (W_l x_l + b_l) + x_l, from the block's variables."""
+    x = x0
+    for i, b in enumerate(cross.biases):
+        w = cross.v[i].numpy() @ cross.u[i].numpy().T if cross.rank else cross.w[i].numpy()
+        x = x0 * (x @ w + b.numpy()) + x
+    return x
+
+
+@pytest.mark.parametrize("name,options", [
+    ("lr", {}), ("fm", {}), ("deepfm", {}), ("wide_deep", {}),
+    ("dcn_v2", {}), ("dcn_v2", {"cross_structure": "stacked", "cross_rank": 2})])
+def test_each_model_computes_its_papers_logit(name, options):
     from ctrtrain.models import build_model
     from ctrtrain.models.base import ModelConfig
     m = build_model(ModelConfig(feature_size=10, field_size=4, embedding_size=3, numeric_fields=1,
-                                bags=((3, "sum"),), initial_bias=0.25, model=name, seed=1))
+                                deep_layers=(5, 4), bags=((3, "sum"),), initial_bias=0.25,
+                                model=name, seed=1, options=options))
     m.table.assign(tf.random.normal(m.table.shape, seed=2))
+    for v in m.dense_variables()[1:]:     # biases too: none may hide behind a zero
+        v.assign(tf.random.normal(v.shape, stddev=0.3, seed=3))
     f = features()
     logits, l2 = m(f)
     s = slots(m.table.numpy(), f)
+    width = m.table.shape[1]
+    flat = s.reshape(len(s), -1)
     first = s[:, :, 0].sum(1)
+    e = s[:, :, 1:]
+    fm = 0.5 * ((e.sum(1) ** 2) - (e ** 2).sum(1)).sum(1)
+    no_first = np.tile([0.0] + [1.0] * 3, 4)[:, None]   # the MLP never reads w
     if name == "lr":
-        assert m.table.shape == (11, 1)
-        want = 0.25 + first
-    else:   # fm: + 1/2 sum_k [(sum_f e_fk)^2 - sum_f e_fk^2]
-        e = s[:, :, 1:]
-        want = 0.25 + first + 0.5 * ((e.sum(1) ** 2) - (e ** 2).sum(1)).sum(1)
-    np.testing.assert_allclose(logits.numpy(), want, rtol=1e-5, atol=1e-6)
-    assert l2 == 0.0 and m.dense_variables() == [m.bias]
+        assert width == 1 and m.dense_variables() == [m.bias]
+        want = first
+    elif name == "fm":
+        assert m.dense_variables() == [m.bias]
+        want = first + fm
+    elif name == "deepfm":
+        want = first + fm + np_mlp(m.mlp, flat, no_first)[:, 0]
+    elif name == "wide_deep":
+        want = first + np_mlp(m.mlp, flat, no_first)[:, 0]
+    elif options.get("cross_structure") == "stacked":    # dcn_v2: no first order
+        assert width == 3 and m.cross.rank == 2
+        want = np_mlp(m.mlp, np_cross(m.cross, flat))[:, 0]
+    else:
+        assert width == 3 and len(m.cross.biases) == 3
+        both = np.concatenate([np_cross(m.cross, flat), np_mlp(m.mlp, flat)], 1)
+        want = np_mlp(m.out, both)[:, 0]
+    np.testing.assert_allclose(logits.numpy(), 0.25 + want, rtol=1e-4, atol=1e-5)
+    assert l2 == 0.0
 
 
 @pytest.mark.parametrize("setting, value", [("deep_layers", (400, 400)), ("dropout", 0.5),
@@ -73,10 +113,17 @@ def test_a_setting_the_model_does_not_read_is_refused_by_name(setting, value):
             check_config(TrainConfig(train_dir="d", model_dir="m", model="fm", **{setting: value}))
 
 
-def test_an_unknown_model_is_named(tmp_path):
+def test_an_unknown_model_or_a_wrong_option_is_named(tmp_path):
     r = run_cli("train", "--train", tmp_path, "--model-dir", tmp_path / "m", "--model", "dnn",
                 check=False)
-    assert r.returncode == 2 and "'dnn' is not one of lr, fm, deepfm" in r.stderr
+    assert r.returncode == 2 and "'dnn' is not one of lr, fm, deepfm, wide_deep" in r.stderr
+    # A model's own option, given to another model (a flag, as a user types it).
+    r = run_cli("train", "--train", tmp_path, "--model-dir", tmp_path / "m", "--cross-layers",
+                "2", check=False)
+    assert r.returncode == 2 and "cross_layers: model deepfm does not use it" in r.stderr
+    r = run_cli("train", "--train", tmp_path, "--model-dir", tmp_path / "m", "--model", "dcn_v2",
+                "--cross-structure", "diagonal", check=False)
+    assert r.returncode == 2 and "'diagonal' is not one of parallel, stacked" in r.stderr
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +131,17 @@ def data(synth_data):
     return synth_data(**DATA)[0] / "tf"
 
 
+def small(model) -> dict:
+    """Settings that keep a test's model small (the cost is start-up, not steps)."""
+    from ctrtrain.models import MODELS
+    return {"embedding_size": 4} if "embedding_size" in MODELS[model].reads else {}
+
+
 def train(data, md, model, steps, *extra):
+    size = [f"--{k.replace('_', '-')}={v}" for k, v in small(model).items()]
     run_cli("train", "--train", data / "train", "--test", data / "test", "--model-dir", md,
             "--model", model, "--steps", steps, "--batch-size", "256", "--checkpoint-every", "20",
-            "--predictions", "auto", "--quiet", "--learning-rate", "0.01", *extra)
+            "--predictions", "auto", "--quiet", "--learning-rate", "0.01", *size, *extra)
     return json.loads((md / "result.json").read_text())
 
 
@@ -102,7 +156,7 @@ def test_each_model_trains_resumes_exactly_exports_and_predicts_the_same(name, d
     assert whole["test"]["auc"] > 0.6, whole["test"]
     # Stopped at a checkpoint, then the same command with more steps: the same model.
     train(data, tmp_path / "resumed", name, 20, "--no-export")
-    resumed = train(data, tmp_path / "resumed", name, 40)
+    resumed = train(data, tmp_path / "resumed", name, 40, "--no-export")
     assert resumed["resumed_from"] == 20 and resumed["step"] == 40
     np.testing.assert_allclose(probs(tmp_path / "resumed" / "predictions.csv"),
                                probs(tmp_path / "whole" / "predictions.csv"), atol=1e-6)
@@ -124,7 +178,7 @@ def test_each_model_trains_in_the_multi_process_modes(name, example, data, tmp_p
     table in shards. The recipe takes the model as a hyperparameter, as SageMaker passes it."""
     from test_distributed import launch
     r, _, _ = launch(tmp_path, example, data, hyperparameters={
-        "model": name, "steps": 60, "batch_size": 256, "learning_rate": 0.01})
+        "model": name, "steps": 60, "batch_size": 256, "learning_rate": 0.01, **small(name)})
     assert r["step"] == 60 and r["test"]["auc"] > 0.6, r["test"]
     info = json.loads(next((tmp_path / "run").glob("**/assets.extra/ctrtrain.json")).read_text())
     assert info["model"] == name and info["mode"] == r["mode"]

@@ -313,7 +313,11 @@ def _bench_commands(sub):
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_train)
     p = bsub.add_parser("quality", help="test AUC/logloss per epoch of each table_updates "
-                                        "(and DeepCTR's DeepFM) on a fixed protocol")
+                                        "(and DeepCTR's same model) on a fixed protocol")
+    from .models import MODELS
+    p.add_argument("--model", choices=list(MODELS), default="deepfm",
+                   help="the model ctrtrain trains, and DeepCTR where it has it (deepfm: "
+                        "DeepFM, wide_deep: WDL, dcn_v2: DCN with matrix cross layers)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=DIR",
                    help="a data set: DIR holds train/, valid/ and test/ (repeatable; default: "
                         "a synthetic long-tail set made in --work-dir)")
@@ -401,7 +405,7 @@ def cmd_bench_quality(a):
             raise ConfigError(f"--data {spec!r}: give NAME=DIR")
         sets.append((name, path))
     report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json,
-                               a.batch_size)
+                               a.batch_size, model=a.model)
     for line in check_bar(report):
         print(f"below the bar: {line}")
 

@@ -1,13 +1,16 @@
-"""DeepCTR's DeepFM on a data set exported by `ctrtrain bench quality`, in DeepCTR's own
-environment (scripts/deepctr_env.sh: deepctr 0.9.4 on tf-keras). Run by path with that
-environment's python: it imports numpy, TensorFlow and DeepCTR only, never ctrtrain.
+"""DeepCTR's implementation of a ctrtrain model (params["model"]: deepfm -> DeepFM, wide_deep
+-> WDL, dcn_v2 -> DCN with matrix cross layers, as DeepCTR builds DCN-v2) on a data set
+exported by `ctrtrain bench quality`, in DeepCTR's own environment (scripts/deepctr_env.sh:
+deepctr 0.9.4 on tf-keras). Run by path with that environment's python: it imports numpy,
+TensorFlow and DeepCTR only, never ctrtrain.
 
     python deepctr_runner.py PARAMS_JSON   ->  one JSON line per epoch on stdout
 
-The model is DeepCTR's DeepFM as people use it on Criteo-style data: a field whose id never
-changes (a numeric column: one id, its value varying) is a DenseFeat of its value; every other
-field is a SparseFeat of its id, all fields sharing one table of feature_size rows (as
-ctrtrain's model does), with DeepCTR's dense (whole-table) L2 and Keras 2's dense Adam.
+The model is built as people use DeepCTR on Criteo-style data: a field whose id never changes
+(a numeric column: one id, its value varying) is a DenseFeat of its value; every other field
+is a SparseFeat of its id, all fields sharing one table of feature_size rows (as ctrtrain's
+model does), with DeepCTR's dense (whole-table) L2 and Keras 2's dense Adam. DeepCTR's DCN
+adds a linear part over the ids, which the paper's DCN-v2 (and ctrtrain's) has not.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ def logloss(y, p) -> float:
 
 def main(params: dict) -> None:
     import tensorflow as tf
+    from deepctr import models
     from deepctr.feature_column import DenseFeat, SparseFeat, get_feature_names
-    from deepctr.models import DeepFM
 
     tf.random.set_seed(params["seed"])
     np.random.seed(params["seed"])
@@ -72,9 +75,22 @@ def main(params: dict) -> None:
                 for f, c in enumerate(constant)}
 
     half = params["l2"] / 2    # ctrtrain's l2 is the sample's l2 * l2_loss(w) = l2/2 * sum(w^2)
-    model = DeepFM(columns, columns, dnn_hidden_units=tuple(params["deep_layers"]),
-                   l2_reg_linear=half, l2_reg_embedding=half, l2_reg_dnn=half,
-                   dnn_dropout=params["dropout"], seed=params["seed"], task="binary")
+    common = dict(dnn_hidden_units=tuple(params["deep_layers"]), l2_reg_linear=half,
+                  l2_reg_embedding=half, l2_reg_dnn=half, dnn_dropout=params["dropout"],
+                  seed=params["seed"], task="binary")
+    name = params.get("model", "deepfm")
+    if name == "deepfm":
+        model = models.DeepFM(columns, columns, **common)
+    elif name == "wide_deep":
+        model = models.WDL(columns, columns, **common)
+    elif name == "dcn_v2":
+        options = params["options"]
+        if options["cross_structure"] != "parallel" or options["cross_rank"]:
+            raise SystemExit("DeepCTR's DCN is parallel and full rank (DCNMix is its low rank)")
+        model = models.DCN(columns, columns, cross_num=options["cross_layers"],
+                           cross_parameterization="matrix", l2_reg_cross=half, **common)
+    else:
+        raise SystemExit(f"DeepCTR has no {name}")
     model.compile(tf.keras.optimizers.Adam(params["learning_rate"]), "binary_crossentropy")
     assert set(get_feature_names(columns)) == set(inputs("train"))
     x_train, y_train = inputs("train"), data["train"]["labels"]

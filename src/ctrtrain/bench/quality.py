@@ -2,8 +2,8 @@
 
 Each data set (a directory with train/, valid/ and test/ data directories) is trained for a
 fixed number of epochs by every variant: ctrtrain with each `table_updates` (catchup, lazy,
-dense: the dense reference), and DeepCTR 0.9.4's DeepFM when its environment is there
-(scripts/deepctr_env.sh). After every epoch each variant's model is evaluated on the validation
+dense: the dense reference), and DeepCTR 0.9.4's implementation of the same model (`--model`:
+DeepFM by default; DEEPCTR_MODELS) when its environment is there (scripts/deepctr_env.sh). After every epoch each variant's model is evaluated on the validation
 and the test split (AUC, logloss); the figure a run is judged by is the test AUC at the epoch
 with the best validation AUC (early stopping on validation, keeping the best epoch). Every run
 is a fresh process with the same configuration (embedding 16, MLP 256-128-64, dropout 0.5,
@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..models import MODELS
 from ..train.config import TABLE_UPDATES
 from .machine import describe_machine
 from .runner import run_json
@@ -31,6 +32,8 @@ CONFIG = {"embedding_size": 16, "deep_layers": [256, 128, 64], "dropout": 0.5,
 VARIANTS = ("auto", *TABLE_UPDATES)     # auto: the default, as a user gets it
 LONG_TAIL = {"rows": 500_000, "feature_size": 200_000, "zipf": 0.7}
 BAR = 0.002    # the default's (and catchup's) test AUC may trail dense's by at most this
+# ctrtrain's models DeepCTR also has (deepctr_runner.py builds them): LR and FM it has not.
+DEEPCTR_MODELS = ("deepfm", "wide_deep", "dcn_v2")
 
 
 def long_tail_data(work: Path) -> Path:
@@ -66,10 +69,13 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
     # An epoch is the whole batches of the training set, as training counts it.
     steps_per_epoch = resolve_source(p["train"])[0].records // p["batch_size"]
     with tempfile.TemporaryDirectory() as md:
+        # The protocol's model settings that the model reads (LR has no MLP, ...).
+        shape = {"embedding_size": p["embedding_size"], "deep_layers": tuple(p["deep_layers"]),
+                 "dropout": p["dropout"]}
         base = dict(
             train_dir=p["train"], valid_dir=p["valid"], test_dir=p["test"], model_dir=md,
-            embedding_size=p["embedding_size"], deep_layers=tuple(p["deep_layers"]),
-            dropout=p["dropout"], batch_size=p["batch_size"], learning_rate=p["learning_rate"],
+            model=p["model"], **{k: v for k, v in shape.items() if k in MODELS[p["model"]].reads},
+            batch_size=p["batch_size"], learning_rate=p["learning_rate"],
             l2_reg=p["l2"], seed=p["seed"], epochs=p["epochs"], eval_every=steps_per_epoch,
             eval_test=True, checkpoint_every=0, export=False, progress=False, quiet=True)
         cfg = TrainConfig(**{**base, **variant_settings(p["variant"])})
@@ -111,10 +117,14 @@ def selected(epochs: list[dict]) -> dict:
 
 def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: int,
                       variants=VARIANTS, deepctr_python: str | None = None,
-                      out: str | None = None, batch_size: int | None = None) -> dict:
-    """`batch_size`: instead of the configuration's 1024 (small data sets)."""
+                      out: str | None = None, batch_size: int | None = None,
+                      model: str = "deepfm") -> dict:
+    """`batch_size`: instead of the configuration's 1024 (small data sets). `model`: what
+    every run trains (MODELS; its own options at their defaults); DeepCTR runs only for the
+    models it has (DEEPCTR_MODELS)."""
     from ..data.index import resolve_source
-    config = {**CONFIG, **({"batch_size": batch_size} if batch_size else {})}
+    config = {**CONFIG, **({"batch_size": batch_size} if batch_size else {}), "model": model,
+              "options": {n: o.default for n, o in MODELS[model].options.items()}}
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     if not datasets:
@@ -129,17 +139,19 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
         results = {}
         for variant in variants:
             params = {**config, **splits, "epochs": epochs, "variant": variant}
-            print(f"[{name}] ctrtrain table_updates={variant} ...", flush=True)
+            print(f"[{name}] ctrtrain {model} table_updates={variant} ...", flush=True)
             results[f"ctrtrain {variant}"] = run_json(
                 [sys.executable, "-m", "ctrtrain.bench.quality", json.dumps(params)],
                 f"ctrtrain {variant}", timeout=6 * 3600)
-        if deepctr_python:
+        if deepctr_python and model not in DEEPCTR_MODELS:
+            print(f"[{name}] DeepCTR has no {model}: no peer run", flush=True)
+        elif deepctr_python:
             arrays = work / "arrays" / name.replace(" ", "-")
             arrays.mkdir(parents=True, exist_ok=True)
             params = {**config, "epochs": epochs, "feature_size": manifests["train"].feature_size}
             for s, d in splits.items():
                 params[s] = str(export_arrays(d, arrays / f"{s}.npz"))
-            print(f"[{name}] DeepCTR 0.9.4 ...", flush=True)
+            print(f"[{name}] DeepCTR 0.9.4 {model} ...", flush=True)
             results["deepctr"] = run_json([deepctr_python, str(Path(__file__).with_name(
                 "deepctr_runner.py")), json.dumps(params)], "DeepCTR", timeout=6 * 3600)
         report["sets"][name] = {"data": root, "runs": results,

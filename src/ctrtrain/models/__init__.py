@@ -1,15 +1,19 @@
 """CTR models over one embedding engine (engine/), on tf.Module + tf.Variable (no Keras).
 
 A model is one file (a `CTRModel` subclass, base.py) and an entry of `MODELS`: where its
-class is, and which of the shared model settings (train/config.py, section `model`) it reads.
-A setting a model does not read is refused by name when given (train/config.py
-check_config). Importing this module does not import TensorFlow (the CLI's --help lists the
+class is, which of the shared model settings (train/config.py, section `model`) it reads, and
+its own options, which become rows of the same settings table (flags, hyperparameters, config
+file keys; the model reads them in `ModelConfig.options`). A setting a model does not read is
+refused by name when given (train/config.py check_config). Importing this module does not import TensorFlow (the CLI's --help lists the
 models from it)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+from typing import Callable
+
+from ..values import choice, number
 
 # The shared settings of a model with an MLP.
 DEEP = ("embedding_size", "deep_layers", "dropout", "batch_norm", "l2_dense", "xla",
@@ -17,10 +21,20 @@ DEEP = ("embedding_size", "deep_layers", "dropout", "batch_norm", "l2_dense", "x
 
 
 @dataclasses.dataclass(frozen=True)
+class Option:
+    """A model's own setting: a row of the settings table (train/config.py) in section
+    `model`, a flag, a hyperparameter and a config file key like every other setting."""
+    default: object
+    help: str
+    parse: Callable     # text or a native value -> the value, or ValueError (values.py)
+
+
+@dataclasses.dataclass(frozen=True)
 class Entry:
     where: str                  # "module:Class" in this package
     summary: str                # one line for --help and the docs
     reads: tuple[str, ...] = () # the shared model settings it reads
+    options: dict = dataclasses.field(default_factory=dict)   # its own: {name: Option}
 
 
 MODELS = {
@@ -28,6 +42,18 @@ MODELS = {
     "fm": Entry("fm:FM", "factorization machine: first order + pairwise embedding products",
                 ("embedding_size",)),
     "deepfm": Entry("deepfm:DeepFM", "DeepFM: FM + an MLP over the embeddings", DEEP),
+    "wide_deep": Entry("wide_deep:WideDeep", "Wide & Deep: a weight per id + an MLP over the "
+                       "embeddings", DEEP),
+    "dcn_v2": Entry("dcn_v2:DCNv2", "DCN-v2: a cross network and an MLP over the embeddings",
+                    DEEP, {
+                        "cross_layers": Option(3, "cross layers", number(int, 1)),
+                        "cross_structure": Option(
+                            "parallel", "parallel (cross network and MLP side by side) | "
+                            "stacked (the MLP over the cross network's output)",
+                            choice("parallel", "stacked")),
+                        "cross_rank": Option(0, "rank of each cross layer's weights: 0 full "
+                                             "(d x d), r > 0 low rank (U V^T, d x r each)",
+                                             number(int, 0))}),
 }
 
 

@@ -34,6 +34,7 @@ class ModelConfig:
     bags: tuple[tuple[int, str], ...] = ()   # (max_len, pooling) of each multi_hot or
                                              # sequence field, in field order
     model: str = "deepfm"         # the model's name (models/__init__.py MODELS)
+    options: dict = dataclasses.field(default_factory=dict)   # the model's own options
 
     def rates(self) -> tuple[float, ...]:
         d = self.dropout
@@ -52,7 +53,11 @@ class CTRModel(tf.Module):
         """Create inside a strategy's scope to distribute the variables (the table may become
         a ShardedVariable under parameter servers)."""
         super().__init__(name=name)
+        from . import MODELS
         self.cfg = cfg
+        # The model's own options (ModelConfig.options), their defaults where not given.
+        self.options = {**{n: o.default for n, o in MODELS[cfg.model].options.items()},
+                        **cfg.options}
         if not self.embeds:
             cfg = dataclasses.replace(cfg, embedding_size=0)
         self.embeddings = EmbeddingTable(cfg, self.first_order)

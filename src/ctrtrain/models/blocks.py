@@ -1,5 +1,6 @@
 """Interaction blocks a model is made of, each a small piece over the embedded fields
-(engine/tables.py `Embedded`): the first-order sum and FM's pairwise term, and the MLP.
+(engine/tables.py `Embedded`): the first-order sum and FM's pairwise term, the MLP, and
+DCN-v2's cross network.
 
 Plain tf.Module and tf.Variable, no Keras: Keras 3 breaks under ParameterServerStrategy
 (DESIGN.md 4). A block's `variables_to_update()` are its trainable variables (the optimizer
@@ -24,19 +25,42 @@ def first_and_fm(block, first_order: bool = True):
     return summed[:, 0], 0.5 * tf.reduce_sum(square_of_sum[:, 1:], 1)
 
 
+def first_order(block):
+    """sum_f w_f x_f [B] of a block whose column 0 is the first-order weight."""
+    return tf.reduce_sum(block, 1)[:, 0]
+
+
+def mlp_over_fields(cfg, first_order: bool, out: int | None = 1, seed: int = 1):
+    """The model's MLP (deep_layers, dropout, batch_norm, ...) over the embedded block read
+    flat [B, F * width], then a linear layer of `out` units (None: the last hidden layer's
+    output). With a first-order column the first kernel's rows facing it are held at zero, so
+    the MLP sees the embeddings alone and nothing slices the block (see first_and_fm).
+    `seed`: added to the model's seed."""
+    k = cfg.embedding_size
+    width = cfg.field_size * (int(first_order) + k)
+    mask = None
+    if first_order:
+        mask = tf.constant(([0.0] + [1.0] * k) * cfg.field_size, shape=[width, 1],
+                           dtype=tf.float32)
+    units = list(cfg.deep_layers) + ([out] if out else [])
+    return MLP(width, units, cfg.rates(), cfg.batch_norm, seed=cfg.seed + seed, input_mask=mask,
+               mixed_precision=cfg.mixed_precision, xla=cfg.xla, linear_last=bool(out))
+
+
 class MLP(tf.Module):
-    """Dense layers `units` (the last one linear: the output), ReLU, optional batch
-    normalization and dropout after each hidden one. `input_mask` [width, 1]: inputs held at
+    """Dense layers `units` (the last one linear, unless `linear_last` is False), ReLU,
+    optional batch normalization and dropout after each hidden one. `input_mask` [width, 1]: inputs held at
     zero in the first kernel (its initial values and every product), so a model can feed the
     whole embedded block and the MLP still sees only the embeddings (DeepFM: not the
     first-order column)."""
 
     def __init__(self, width: int, units, rates=(), batch_norm: bool = False, seed: int = 0,
                  input_mask=None, mixed_precision: bool = False, xla: bool = False,
-                 name: str = "mlp"):
+                 linear_last: bool = True, name: str = "mlp"):
         super().__init__(name=name)
         units = list(units)
-        self.rates = tuple(rates) or (0.0,) * (len(units) - 1)
+        self.hidden = len(units) - 1 if linear_last else len(units)
+        self.rates = tuple(rates) or (0.0,) * self.hidden
         self.mixed_precision, self.input_mask = mixed_precision, input_mask
         self.kernels, self.biases, self.bn = [], [], []
         glorot = tf.initializers.GlorotUniform(seed=seed)
@@ -46,7 +70,7 @@ class MLP(tf.Module):
                 init = init * input_mask
             self.kernels.append(tf.Variable(init, name=f"kernel_{i}"))
             self.biases.append(tf.Variable(tf.zeros([n]), name=f"bias_{i}"))
-            if batch_norm and i < len(units) - 1:
+            if batch_norm and i < self.hidden:
                 self.bn.append(BatchNorm(n, name=f"bn_{i}"))
             width = n
         # XLA only here: the sparse part has dynamic shapes.
@@ -66,12 +90,11 @@ class MLP(tf.Module):
     def _eager(self, h, training: bool):
         dtype = tf.bfloat16 if self.mixed_precision else tf.float32
         h = tf.cast(h, dtype)
-        n_hidden = len(self.kernels) - 1
         for i, (kern, b) in enumerate(zip(self.kernels, self.biases)):
             if i == 0 and self.input_mask is not None:
                 kern = kern * self.input_mask
             h = tf.matmul(h, tf.cast(kern, dtype)) + tf.cast(b, dtype)
-            if i < n_hidden:
+            if i < self.hidden:
                 if self.bn:
                     h = tf.cast(self.bn[i](tf.cast(h, tf.float32), training), dtype)
                 h = tf.nn.relu(h)
@@ -102,3 +125,38 @@ class BatchNorm(tf.Module):
         else:
             mean, var = self.mean, self.var
         return tf.nn.batch_normalization(h, mean, var, self.beta, self.gamma, self.eps)
+
+
+class CrossNetwork(tf.Module):
+    """DCN-v2's cross network (Wang et al., 2021, eq. 1): x_{l+1} = x0 * (W_l x_l + b_l) + x_l,
+    W_l full rank [d, d], or low rank U_l V_l^T (U, V [d, r]) when `rank` > 0 (the paper's
+    DCN-Mix without its mixture of experts). Returns x_L [B, d]."""
+
+    def __init__(self, width: int, layers: int, rank: int = 0, seed: int = 0, name="cross"):
+        super().__init__(name=name)
+        glorot = tf.initializers.GlorotUniform(seed=seed)
+        self.rank = rank
+        if rank:
+            self.u = [tf.Variable(glorot((width, rank)), name=f"u_{i}") for i in range(layers)]
+            self.v = [tf.Variable(glorot((width, rank)), name=f"v_{i}") for i in range(layers)]
+            self.kernels = self.u + self.v
+        else:
+            self.w = [tf.Variable(glorot((width, width)), name=f"w_{i}") for i in range(layers)]
+            self.kernels = list(self.w)
+        self.biases = [tf.Variable(tf.zeros([width]), name=f"b_{i}") for i in range(layers)]
+
+    def variables_to_update(self):
+        return self.kernels + self.biases
+
+    def penalized(self):
+        return self.kernels
+
+    def __call__(self, x0):
+        x = x0
+        for i, b in enumerate(self.biases):
+            if self.rank:
+                mixed = tf.matmul(tf.matmul(x, self.v[i]), self.u[i], transpose_b=True)
+            else:
+                mixed = tf.matmul(x, self.w[i])
+            x = x0 * (mixed + b) + x
+        return x

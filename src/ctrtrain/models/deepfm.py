@@ -13,20 +13,13 @@ attention: a sequence field is pooled as its declaration says, like a multi_hot 
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from .base import CTRModel
-from .blocks import MLP, first_and_fm
+from .blocks import first_and_fm, mlp_over_fields
 
 
 class DeepFM(CTRModel):
     def build(self, cfg):
-        k1 = 1 + cfg.embedding_size
-        mask = tf.constant(([0.0] + [1.0] * cfg.embedding_size) * cfg.field_size,
-                           shape=[cfg.field_size * k1, 1], dtype=tf.float32)
-        self.mlp = MLP(cfg.field_size * k1, list(cfg.deep_layers) + [1], cfg.rates(),
-                       cfg.batch_norm, seed=cfg.seed + 1, input_mask=mask,
-                       mixed_precision=cfg.mixed_precision, xla=cfg.xla)
+        self.mlp = mlp_over_fields(cfg, first_order=True)
         return [self.mlp]
 
     def terms(self, embedded, training):

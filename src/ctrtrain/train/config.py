@@ -87,10 +87,12 @@ def _fields(v):
     return text
 
 
-def setting(default, section: str, help: str, parse=None, *, cli: bool = True):
-    """A field of the table. parse=None: the runtime sets it (not a flag or hyperparameter)."""
+def setting(default, section: str, help: str, parse=None, *, cli: bool = True, models=None):
+    """A field of the table. parse=None: the runtime sets it (not a flag or hyperparameter).
+    `models`: the models whose own option it is (models/__init__.py)."""
     return dataclasses.field(default=default, metadata={
-        "section": section, "help": help, "parse": parse, "cli": cli and parse is not None})
+        "section": section, "help": help, "parse": parse, "cli": cli and parse is not None,
+        "models": models})
 
 
 @dataclasses.dataclass
@@ -240,6 +242,29 @@ class TrainConfig:
         return tuple(float(x) for x in d)
 
 
+def _with_model_options(base):
+    """The table above plus each model's own options (models/__init__.py MODELS), in section
+    `model`: one definition makes the flag, the hyperparameter and the config file key. An
+    option two models share is one row."""
+    owners: dict[str, list[str]] = {}
+    for model, entry in MODELS.items():
+        for name in entry.options:
+            owners.setdefault(name, []).append(model)
+    rows = []
+    for name, models in owners.items():
+        opt = MODELS[models[0]].options[name]
+        rows.append((name, object, setting(opt.default, "model", f"{', '.join(models)}: {opt.help}",
+                                           opt.parse, models=tuple(models))))
+    cls = dataclasses.make_dataclass("TrainConfig", rows, bases=(base,))
+    cls.__module__, cls.__doc__ = base.__module__, base.__doc__
+    # A model's options shape its variables: a checkpoint resumes only under the same ones.
+    cls.SHAPE_FIELDS = base.SHAPE_FIELDS + tuple(owners)
+    return cls
+
+
+TrainConfig = _with_model_options(TrainConfig)
+
+
 def table() -> list[dataclasses.Field]:
     """The settings a user gives (flags, hyperparameters, config files), in table order."""
     return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("cli")]
@@ -356,9 +381,11 @@ def check_config(cfg: TrainConfig):
 
 
 def _check_model_settings(cfg: TrainConfig):
-    """A model setting the chosen model does not read (models/__init__.py MODELS) is refused
-    by name when given a value other than its default: it would change nothing."""
-    reads = MODELS[cfg.model].reads
+    """A model setting the chosen model does not read (models/__init__.py MODELS: the shared
+    ones it reads, its own options) is refused by name when given a value other than its
+    default: it would change nothing."""
+    entry = MODELS[cfg.model]
+    reads = entry.reads + tuple(entry.options)
     for f in table():
         if f.metadata["section"] != "model" or f.name in reads or f.name in UNIVERSAL:
             continue
@@ -408,4 +435,5 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
                         initial_bias=bias,
                         numeric_fields=len(schema.of("numeric")) if schema else 0,
                         bags=tuple((f.max_len, f.pooling) for f in schema.lists())
-                        if schema else (), model=cfg.model)
+                        if schema else (), model=cfg.model,
+                        options={name: getattr(cfg, name) for name in MODELS[cfg.model].options})
