@@ -12,7 +12,7 @@ from conftest import run_cli
 tf = pytest.importorskip("tensorflow")
 
 DATA = {"rows": 40_000, "feature_size": 2_000, "seed": 3}   # test_distributed.py's
-MODELS = ["lr", "fm", "wide_deep", "dcn_v2"]   # DeepFM: test_train.py, test_distributed.py and others
+MODELS = ["lr", "fm", "wide_deep", "dcn_v2", "xdeepfm", "autoint"]   # DeepFM: test_train.py, test_distributed.py and others
 
 
 def features(batch=4):
@@ -58,9 +58,33 @@ def np_cross(cross, x0):
     return x
 
 
+def np_cin(cin, e):
+    """X^k_{h,d} = sum_{i,j} W^k_{h,i,j} X^{k-1}_{i,d} X^0_{j,d}, each map summed over d."""
+    x, pooled, m = e, [], e.shape[1]                           # [B, maps, D]
+    x0 = x
+    for w, b in zip(cin.kernels, cin.biases):
+        w = w.numpy().reshape(x.shape[1], m, -1)               # [i, j, h]
+        x = np.einsum("bid,bjd,ijh->bhd", x, x0, w) + b.numpy()[None, :, None]
+        pooled.append(x.sum(2))
+    return np.concatenate(pooled, 1)
+
+
+def np_attention(layer, e):
+    """Each head: softmax over the fields of <W_Q e_m, W_K e_k>, times W_V e_k; heads
+    concatenated, plus W_res e_m, ReLU."""
+    s, out = layer.size, []
+    for h in range(layer.heads):
+        q, k, v = (e @ w.numpy()[:, h * s:(h + 1) * s] for w in (layer.query, layer.key, layer.value))
+        scores = q @ k.transpose(0, 2, 1)
+        a = np.exp(scores - scores.max(-1, keepdims=True))
+        out.append((a / a.sum(-1, keepdims=True)) @ v)
+    return np.maximum(np.concatenate(out, -1) + e @ layer.residual.numpy(), 0)
+
+
 @pytest.mark.parametrize("name,options", [
     ("lr", {}), ("fm", {}), ("deepfm", {}), ("wide_deep", {}),
-    ("dcn_v2", {}), ("dcn_v2", {"cross_structure": "stacked", "cross_rank": 2})])
+    ("dcn_v2", {}), ("dcn_v2", {"cross_structure": "stacked", "cross_rank": 2}),
+    ("xdeepfm", {"cin_layers": (3, 2)}), ("autoint", {"attention_layers": 2})])
 def test_each_model_computes_its_papers_logit(name, options):
     from ctrtrain.models import build_model
     from ctrtrain.models.base import ModelConfig
@@ -89,6 +113,14 @@ def test_each_model_computes_its_papers_logit(name, options):
         want = first + fm + np_mlp(m.mlp, flat, no_first)[:, 0]
     elif name == "wide_deep":
         want = first + np_mlp(m.mlp, flat, no_first)[:, 0]
+    elif name == "xdeepfm":
+        want = first + np_mlp(m.cin_out, np_cin(m.cin, e))[:, 0] + np_mlp(m.mlp, flat, no_first)[:, 0]
+    elif name == "autoint":                              # no first order
+        x = s
+        for layer in m.layers:
+            x = np_attention(layer, x)
+        assert width == 3 and len(m.layers) == 2 and x.shape == (4, 4, 16)
+        want = np_mlp(m.out, x.reshape(len(x), -1))[:, 0]
     elif options.get("cross_structure") == "stacked":    # dcn_v2: no first order
         assert width == 3 and m.cross.rank == 2
         want = np_mlp(m.mlp, np_cross(m.cross, flat))[:, 0]
@@ -134,7 +166,8 @@ def data(synth_data):
 def small(model) -> dict:
     """Settings that keep a test's model small (the cost is start-up, not steps)."""
     from ctrtrain.models import MODELS
-    return {"embedding_size": 4} if "embedding_size" in MODELS[model].reads else {}
+    out = {"embedding_size": 4} if "embedding_size" in MODELS[model].reads else {}
+    return {**out, "cin_layers": "16,16"} if model == "xdeepfm" else out
 
 
 def train(data, md, model, steps, *extra):

@@ -317,7 +317,8 @@ def _bench_commands(sub):
     from .models import MODELS
     p.add_argument("--model", choices=list(MODELS), default="deepfm",
                    help="the model ctrtrain trains, and DeepCTR where it has it (deepfm: "
-                        "DeepFM, wide_deep: WDL, dcn_v2: DCN with matrix cross layers)")
+                        "DeepFM, wide_deep: WDL, dcn_v2: DCN with matrix cross layers, xdeepfm, "
+                        "autoint)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=DIR",
                    help="a data set: DIR holds train/, valid/ and test/ (repeatable; default: "
                         "a synthetic long-tail set made in --work-dir)")

@@ -1,8 +1,8 @@
 """DeepCTR's implementation of a ctrtrain model (params["model"]: deepfm -> DeepFM, wide_deep
--> WDL, dcn_v2 -> DCN with matrix cross layers, as DeepCTR builds DCN-v2) on a data set
-exported by `ctrtrain bench quality`, in DeepCTR's own environment (scripts/deepctr_env.sh:
-deepctr 0.9.4 on tf-keras). Run by path with that environment's python: it imports numpy,
-TensorFlow and DeepCTR only, never ctrtrain.
+-> WDL, dcn_v2 -> DCN with matrix cross layers, as DeepCTR builds DCN-v2, xdeepfm -> xDeepFM,
+autoint -> AutoInt) on a data set exported by `ctrtrain bench quality`, in DeepCTR's own
+environment (scripts/deepctr_env.sh: deepctr 0.9.4 on tf-keras). Run by path with that
+environment's python: it imports numpy, TensorFlow and DeepCTR only, never ctrtrain.
 
     python deepctr_runner.py PARAMS_JSON   ->  one JSON line per epoch on stdout
 
@@ -89,6 +89,17 @@ def main(params: dict) -> None:
             raise SystemExit("DeepCTR's DCN is parallel and full rank (DCNMix is its low rank)")
         model = models.DCN(columns, columns, cross_num=options["cross_layers"],
                            cross_parameterization="matrix", l2_reg_cross=half, **common)
+    elif name == "xdeepfm":     # the paper's CIN (and ctrtrain's): no half split, no ReLU
+        model = models.xDeepFM(columns, columns, cin_layer_size=tuple(params["options"]["cin_layers"]),
+                               cin_split_half=False, cin_activation="linear", l2_reg_cin=half,
+                               **common)
+    elif name == "autoint":     # the paper's AutoInt (and ctrtrain's): no MLP
+        o = params["options"]
+        common.update(dnn_hidden_units=())
+        model = models.AutoInt(columns, columns, att_layer_num=o["attention_layers"],
+                               att_embedding_size=o["attention_size"],
+                               att_head_num=o["attention_heads"], att_res=o["attention_residual"],
+                               **common)
     else:
         raise SystemExit(f"DeepCTR has no {name}")
     model.compile(tf.keras.optimizers.Adam(params["learning_rate"]), "binary_crossentropy")

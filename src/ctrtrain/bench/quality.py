@@ -33,7 +33,7 @@ VARIANTS = ("auto", *TABLE_UPDATES)     # auto: the default, as a user gets it
 LONG_TAIL = {"rows": 500_000, "feature_size": 200_000, "zipf": 0.7}
 BAR = 0.002    # the default's (and catchup's) test AUC may trail dense's by at most this
 # ctrtrain's models DeepCTR also has (deepctr_runner.py builds them): LR and FM it has not.
-DEEPCTR_MODELS = ("deepfm", "wide_deep", "dcn_v2")
+DEEPCTR_MODELS = ("deepfm", "wide_deep", "dcn_v2", "xdeepfm", "autoint")
 
 
 def long_tail_data(work: Path) -> Path:

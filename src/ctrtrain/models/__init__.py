@@ -13,7 +13,7 @@ import dataclasses
 import importlib
 from typing import Callable
 
-from ..values import choice, number
+from ..values import boolean, choice, items, number
 
 # The shared settings of a model with an MLP.
 DEEP = ("embedding_size", "deep_layers", "dropout", "batch_norm", "l2_dense", "xla",
@@ -54,6 +54,18 @@ MODELS = {
                         "cross_rank": Option(0, "rank of each cross layer's weights: 0 full "
                                              "(d x d), r > 0 low rank (U V^T, d x r each)",
                                              number(int, 0))}),
+    "xdeepfm": Entry("xdeepfm:XDeepFM", "xDeepFM: a weight per id + a compressed interaction "
+                     "network + an MLP over the embeddings", DEEP, {
+                         "cin_layers": Option((128, 128), "feature maps of each CIN layer, e.g. "
+                                              "128,128", items(number(int, 1)))}),
+    "autoint": Entry("autoint:AutoInt", "AutoInt: multi-head self-attention over the fields",
+                     ("embedding_size", "l2_dense"), {
+                         "attention_layers": Option(3, "interacting (self-attention) layers",
+                                                    number(int, 1)),
+                         "attention_heads": Option(2, "heads per layer", number(int, 1)),
+                         "attention_size": Option(8, "width of each head", number(int, 1)),
+                         "attention_residual": Option(True, "add W_res e to each layer's "
+                                                      "output", boolean)}),
 }
 
 

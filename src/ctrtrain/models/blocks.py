@@ -1,6 +1,6 @@
 """Interaction blocks a model is made of, each a small piece over the embedded fields
-(engine/tables.py `Embedded`): the first-order sum and FM's pairwise term, the MLP, and
-DCN-v2's cross network.
+(engine/tables.py `Embedded`): the first-order sum and FM's pairwise term, the MLP, DCN-v2's
+cross network, xDeepFM's compressed interaction network and AutoInt's self-attention.
 
 Plain tf.Module and tf.Variable, no Keras: Keras 3 breaks under ParameterServerStrategy
 (DESIGN.md 4). A block's `variables_to_update()` are its trainable variables (the optimizer
@@ -160,3 +160,77 @@ class CrossNetwork(tf.Module):
                 mixed = tf.matmul(x, self.w[i])
             x = x0 * (mixed + b) + x
         return x
+
+
+class CIN(tf.Module):
+    """xDeepFM's compressed interaction network (Lian et al., 2018, eq. 6):
+    X^k_h = sum_{i,j} W^k_{h,i,j} (X^{k-1}_i * X^0_j), the products taken per embedding
+    dimension, then each feature map sum-pooled over the dimensions: returns [B, sum H_k].
+
+    As the paper: every layer's feature maps feed both the output and the next layer, with no
+    activation. DeepCTR's CIN splits each hidden layer's maps in half (one half to the output,
+    one to the next layer) and applies ReLU by default."""
+
+    def __init__(self, fields: int, layers, seed: int = 0, name="cin"):
+        super().__init__(name=name)
+        glorot = tf.initializers.GlorotUniform(seed=seed)
+        self.kernels, self.biases, previous = [], [], fields
+        for i, h in enumerate(layers):
+            self.kernels.append(tf.Variable(glorot((previous * fields, h)), name=f"w_{i}"))
+            self.biases.append(tf.Variable(tf.zeros([h]), name=f"b_{i}"))
+            previous = h
+
+    def variables_to_update(self):
+        return self.kernels + self.biases
+
+    def penalized(self):
+        return self.kernels
+
+    def __call__(self, vectors):
+        """vectors [B, m, D] -> [B, sum of the layers' widths]."""
+        x0 = tf.transpose(vectors, [0, 2, 1])                 # [B, D, m]: one matmul per layer
+        m, d = vectors.shape[1], vectors.shape[2]
+        x, pooled = x0, []
+        for w, b in zip(self.kernels, self.biases):
+            z = tf.reshape(x[:, :, :, None] * x0[:, :, None, :], [-1, d, x.shape[2] * m])
+            x = tf.matmul(z, w) + b                            # [B, D, H_k]
+            pooled.append(tf.reduce_sum(x, 1))
+        return tf.concat(pooled, 1)
+
+
+class SelfAttention(tf.Module):
+    """AutoInt's interacting layer (Song et al., 2019, eqs. 5-8): multi-head self-attention
+    over the fields, softmax(<W_Q e_m, W_K e_k>) without scaling (as the paper, DeepCTR and
+    FuxiCTR by default), the heads concatenated, plus W_res e_m (the residual), then ReLU.
+    [B, m, d_in] -> [B, m, heads * size]."""
+
+    def __init__(self, width: int, heads: int, size: int, residual: bool = True, seed: int = 0,
+                 name="attention"):
+        super().__init__(name=name)
+        glorot = tf.initializers.GlorotUniform(seed=seed)
+        self.heads, self.size = heads, size
+        self.query, self.key, self.value = (tf.Variable(glorot((width, heads * size)), name=n)
+                                            for n in ("w_query", "w_key", "w_value"))
+        self.residual = (tf.Variable(glorot((width, heads * size)), name="w_res")
+                         if residual else None)
+
+    def variables_to_update(self):
+        return [self.query, self.key, self.value] + ([self.residual] if self.residual is not None
+                                                     else [])
+
+    def penalized(self):
+        return self.variables_to_update()
+
+    def __call__(self, e):
+        m = e.shape[1]
+
+        def heads(w):   # [B, m, heads * size] -> [B, heads, m, size]
+            return tf.transpose(tf.reshape(tf.einsum("bmi,io->bmo", e, w),
+                                           [-1, m, self.heads, self.size]), [0, 2, 1, 3])
+        q, k, v = heads(self.query), heads(self.key), heads(self.value)
+        attention = tf.nn.softmax(tf.matmul(q, k, transpose_b=True))          # [B, h, m, m]
+        out = tf.reshape(tf.transpose(tf.matmul(attention, v), [0, 2, 1, 3]),
+                         [-1, m, self.heads * self.size])
+        if self.residual is not None:
+            out = out + tf.einsum("bmi,io->bmo", e, self.residual)
+        return tf.nn.relu(out)

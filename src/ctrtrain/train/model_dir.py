@@ -58,7 +58,8 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
                           f"this model need about {need / 2**20:,.0f} MB")
     record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("threads", "read_plan")}
     record.update(feature_size=feature_size, field_size=field_size, train_data=train_data)
-    record["deep_layers"] = list(cfg.deep_layers)
+    # As JSON holds them (tuples are lists), so that a record compares with the one read back.
+    record = {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
     prev = md / CONFIG
     if prev.exists() and has_checkpoint(md):
         try:
