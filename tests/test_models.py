@@ -12,7 +12,7 @@ from conftest import run_cli
 tf = pytest.importorskip("tensorflow")
 
 DATA = {"rows": 40_000, "feature_size": 2_000, "seed": 3}   # test_distributed.py's
-MODELS = ["lr", "fm", "wide_deep", "dcn_v2", "xdeepfm", "autoint"]   # DeepFM: test_train.py, test_distributed.py and others
+MODELS = ["lr", "fm", "wide_deep", "dcn_v2", "xdeepfm", "autoint", "dlrm"]   # DeepFM: test_train.py, test_distributed.py and others
 
 
 def features(batch=4):
@@ -84,7 +84,8 @@ def np_attention(layer, e):
 @pytest.mark.parametrize("name,options", [
     ("lr", {}), ("fm", {}), ("deepfm", {}), ("wide_deep", {}),
     ("dcn_v2", {}), ("dcn_v2", {"cross_structure": "stacked", "cross_rank": 2}),
-    ("xdeepfm", {"cin_layers": (3, 2)}), ("autoint", {"attention_layers": 2})])
+    ("xdeepfm", {"cin_layers": (3, 2)}), ("autoint", {"attention_layers": 2}),
+    ("dlrm", {"bottom_layers": (6,)})])
 def test_each_model_computes_its_papers_logit(name, options):
     from ctrtrain.models import build_model
     from ctrtrain.models.base import ModelConfig
@@ -121,6 +122,12 @@ def test_each_model_computes_its_papers_logit(name, options):
             x = np_attention(layer, x)
         assert width == 3 and len(m.layers) == 2 and x.shape == (4, 4, 16)
         want = np_mlp(m.out, x.reshape(len(x), -1))[:, 0]
+    elif name == "dlrm":     # bottom MLP over the numeric value; dots of every two vectors
+        z = np_mlp(m.bottom, f["numeric"].numpy())
+        assert width == 3 and z.shape == (4, 3)
+        v = np.concatenate([z[:, None], s[:, [0, 1, 3]]], 1)             # numeric slot left out
+        dots = [np.einsum("bd,bd->b", v[:, i], v[:, j]) for i in range(4) for j in range(i + 1, 4)]
+        want = np_mlp(m.top, np.concatenate([z, np.stack(dots, 1)], 1))[:, 0]
     elif options.get("cross_structure") == "stacked":    # dcn_v2: no first order
         assert width == 3 and m.cross.rank == 2
         want = np_mlp(m.mlp, np_cross(m.cross, flat))[:, 0]
@@ -130,6 +137,23 @@ def test_each_model_computes_its_papers_logit(name, options):
         want = np_mlp(m.out, both)[:, 0]
     np.testing.assert_allclose(logits.numpy(), 0.25 + want, rtol=1e-4, atol=1e-5)
     assert l2 == 0.0
+
+
+def test_dlrm_without_numeric_fields_interacts_the_embeddings_alone():
+    """The fixed schema (values scale ids' rows): no bottom MLP; the top MLP reads the dot
+    products of every two fields' embeddings."""
+    from ctrtrain.models import build_model
+    from ctrtrain.models.base import ModelConfig
+    m = build_model(ModelConfig(feature_size=10, field_size=3, embedding_size=2,
+                                deep_layers=(4,), model="dlrm", seed=1))
+    m.table.assign(tf.random.normal(m.table.shape, seed=2))
+    f = {k: v[:, :3] for k, v in features().items() if k in ("ids", "values")}
+    f["ids"] = tf.concat([f["ids"], (f["ids"][:, :1] + 3) % 10], 1)
+    f["values"] = tf.concat([f["values"], f["values"][:, :1]], 1)
+    e = m.table.numpy()[f["ids"].numpy()] * f["values"].numpy()[:, :, None]
+    dots = np.stack([np.einsum("bd,bd->b", e[:, i], e[:, j]) for i, j in ((0, 1), (0, 2), (1, 2))], 1)
+    assert m.bottom is None
+    np.testing.assert_allclose(m(f)[0].numpy(), np_mlp(m.top, dots)[:, 0], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("setting, value", [("deep_layers", (400, 400)), ("dropout", 0.5),
@@ -167,7 +191,9 @@ def small(model) -> dict:
     """Settings that keep a test's model small (the cost is start-up, not steps)."""
     from ctrtrain.models import MODELS
     out = {"embedding_size": 4} if "embedding_size" in MODELS[model].reads else {}
-    return {**out, "cin_layers": "16,16"} if model == "xdeepfm" else out
+    # xDeepFM's CIN and DLRM's top MLP (over 39 fields' 741 dot products) cost most.
+    own = {"xdeepfm": {"cin_layers": "16,16"}, "dlrm": {"deep_layers": "64"}}
+    return {**out, **own.get(model, {})}
 
 
 def train(data, md, model, steps, *extra):
@@ -203,11 +229,18 @@ def test_each_model_trains_resumes_exactly_exports_and_predicts_the_same(name, d
     assert info["model"] == name
 
 
+# Each model in one of the two multi-process trainers (train/sync.py, train/ps.py), taken in
+# turn: each trainer runs tables with and without the first-order column (LR's one column
+# under parameter servers) and several kinds of block. A launch
+# costs 12-28 s of start-up on 2 cores (issue 28's budget); DeepFM runs in every mode.
+TRAINER_OF = {m: ("deepfm-parameter-server", "deepfm-allreduce")[i % 2]
+              for i, m in enumerate(MODELS)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("example", ["deepfm-allreduce", "deepfm-parameter-server"])
-@pytest.mark.parametrize("name", MODELS)
-def test_each_model_trains_in_the_multi_process_modes(name, example, data, tmp_path):
-    """Real launches: 2 all-reduce workers; 2 workers and 2 parameter servers holding the
+@pytest.mark.parametrize("name,example", TRAINER_OF.items())
+def test_each_model_trains_in_a_multi_process_job(name, example, data, tmp_path):
+    """Real launches: 2 all-reduce workers, or 2 workers and 2 parameter servers holding the
     table in shards. The recipe takes the model as a hyperparameter, as SageMaker passes it."""
     from test_distributed import launch
     r, _, _ = launch(tmp_path, example, data, hyperparameters={
@@ -215,3 +248,23 @@ def test_each_model_trains_in_the_multi_process_modes(name, example, data, tmp_p
     assert r["step"] == 60 and r["test"]["auc"] > 0.6, r["test"]
     info = json.loads(next((tmp_path / "run").glob("**/assets.extra/ctrtrain.json")).read_text())
     assert info["model"] == name and info["mode"] == r["mode"]
+
+
+@pytest.mark.slow
+def test_dlrm_reads_declared_numeric_fields_through_its_bottom_mlp(tmp_path):
+    """Declared numeric fields (values as the data holds them) enter DLRM's bottom MLP; the
+    model trains, exports and predicts what training predicted, from records."""
+    d = tmp_path / "data"
+    run_cli("data", "synth", "--out", d, "--rows", 12_000, "--feature-size", 2_000, "--seed", 4,
+            "--numeric-fields", 3, "--categorical-fields", 5, "--multi-hot-fields", 1,
+            "--multi-hot-len", 3, "--multi-hot-vocab", 200, "--files-per-split", 1,
+            "--processes", 1)
+    md = tmp_path / "m"
+    run_cli("train", "--train", d / "train", "--test", d / "test", "--model-dir", md, "--model",
+            "dlrm", "--bottom-layers", "16", "--embedding-size", "4", "--deep-layers", "32",
+            "--epochs", 2, "--batch-size", 256, "--learning-rate", "0.005", "--predictions",
+            "auto", "--quiet")
+    r = json.loads((md / "result.json").read_text())
+    assert r["test"]["auc"] > 0.6, r["test"]
+    run_cli("predict", "--model", md / "export", "--input", d / "test", "--out", tmp_path / "p.csv")
+    np.testing.assert_allclose(probs(tmp_path / "p.csv"), probs(md / "predictions.csv"), atol=1e-6)

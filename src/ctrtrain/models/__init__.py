@@ -66,6 +66,11 @@ MODELS = {
                          "attention_size": Option(8, "width of each head", number(int, 1)),
                          "attention_residual": Option(True, "add W_res e to each layer's "
                                                       "output", boolean)}),
+    "dlrm": Entry("dlrm:DLRM", "DLRM: a bottom MLP over the numeric fields, dot products of "
+                  "every two vectors, a top MLP (deep_layers)", DEEP, {
+                      "bottom_layers": Option((512, 256), "hidden widths of the bottom MLP over "
+                                              "the declared numeric fields (k is appended)",
+                                              items(number(int, 1)))}),
 }
 
 

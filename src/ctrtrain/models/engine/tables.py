@@ -34,10 +34,21 @@ def shards(var) -> list:
 
 class Embedded:
     """A batch's looked-up fields: `block` [B, F, width], each field's row times its value (a
-    bag's pooled rows), fields in the data's order (single ids, numeric, bags)."""
+    bag's pooled rows), fields in the data's order (single ids, numeric, bags); `numeric` the
+    declared numeric fields' values [B, n] as the data holds them (None without any), whose
+    slots in the block start at `numeric_at`."""
 
-    def __init__(self, block, first_order: bool):
+    def __init__(self, block, first_order: bool, numeric=None, numeric_at: int = 0):
         self.block, self.first_order = block, first_order
+        self.numeric, self.numeric_at = numeric, numeric_at
+
+    def categorical(self):
+        """[B, F - n, width]: the block without the numeric fields' slots (for a model that
+        reads the numeric values themselves)."""
+        if self.numeric is None:
+            return self.block
+        a, b = self.numeric_at, self.numeric_at + self.numeric.shape[1]
+        return tf.concat([self.block[:, :a], self.block[:, b:]], 1)
 
     def vectors(self):
         """[B, F, k]: the embeddings alone (without the first-order column)."""
@@ -84,6 +95,7 @@ class EmbeddingTable(tf.Module):
         steps only when a row is next updated), read without gradient."""
         cfg, width = self.cfg, self.width
         ids, values = features["ids"], features["values"]
+        numeric_at = ids.shape[1]
         if cfg.numeric_fields:
             numeric = features["numeric"]
             rows_of_numeric = tf.range(cfg.feature_size, cfg.feature_size + cfg.numeric_fields,
@@ -116,7 +128,8 @@ class EmbeddingTable(tf.Module):
             scaled = tf.concat([scaled, self._pooled(features["bag_weights"], held,
                                                      tf.gather(table_rows, where[n_single:]),
                                                      batch)], 1)
-        return Embedded(scaled, self.first_order)
+        return Embedded(scaled, self.first_order,
+                        features["numeric"] if cfg.numeric_fields else None, numeric_at)
 
     def _pooled(self, bag_weights, held, held_rows, batch):
         """[B, bags, width]: each bag's rows (one per held id, `held` its (row, column))
