@@ -12,7 +12,8 @@ from conftest import run_cli
 tf = pytest.importorskip("tensorflow")
 
 DATA = {"rows": 40_000, "feature_size": 2_000, "seed": 3}   # test_distributed.py's
-MODELS = ["lr", "fm", "wide_deep", "dcn_v2", "xdeepfm", "autoint", "dlrm"]   # DeepFM: test_train.py, test_distributed.py and others
+# DeepFM, the default, is what test_train.py, test_distributed.py and the others train.
+MODELS = ["lr", "fm", "wide_deep", "dcn_v2", "xdeepfm", "autoint", "dlrm"]
 
 
 def features(batch=4):

@@ -90,7 +90,8 @@ def main(params: dict) -> None:
         model = models.DCN(columns, columns, cross_num=options["cross_layers"],
                            cross_parameterization="matrix", l2_reg_cross=half, **common)
     elif name == "xdeepfm":     # the paper's CIN (and ctrtrain's): no half split, no ReLU
-        model = models.xDeepFM(columns, columns, cin_layer_size=tuple(params["options"]["cin_layers"]),
+        model = models.xDeepFM(columns, columns,
+                               cin_layer_size=tuple(params["options"]["cin_layers"]),
                                cin_split_half=False, cin_activation="linear", l2_reg_cin=half,
                                **common)
     elif name == "autoint":     # the paper's AutoInt (and ctrtrain's): no MLP

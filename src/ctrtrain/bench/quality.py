@@ -3,8 +3,9 @@
 Each data set (a directory with train/, valid/ and test/ data directories) is trained for a
 fixed number of epochs by every variant: ctrtrain with each `table_updates` (catchup, lazy,
 dense: the dense reference), and DeepCTR 0.9.4's implementation of the same model (`--model`:
-DeepFM by default; DEEPCTR_MODELS) when its environment is there (scripts/deepctr_env.sh). After every epoch each variant's model is evaluated on the validation
-and the test split (AUC, logloss); the figure a run is judged by is the test AUC at the epoch
+DeepFM by default; DEEPCTR_MODELS) when its environment is there (scripts/deepctr_env.sh).
+After every epoch each variant's model is evaluated on the validation and the test split
+(AUC, logloss); the figure a run is judged by is the test AUC at the epoch
 with the best validation AUC (early stopping on validation, keeping the best epoch). Every run
 is a fresh process with the same configuration (embedding 16, MLP 256-128-64, dropout 0.5,
 batch 1024, Adam 1e-3, L2 1e-4 as the SageMaker sample's l2_reg: the issue's peer comparison).

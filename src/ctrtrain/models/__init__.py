@@ -4,8 +4,8 @@ A model is one file (a `CTRModel` subclass, base.py) and an entry of `MODELS`: w
 class is, which of the shared model settings (train/config.py, section `model`) it reads, and
 its own options, which become rows of the same settings table (flags, hyperparameters, config
 file keys; the model reads them in `ModelConfig.options`). A setting a model does not read is
-refused by name when given (train/config.py check_config). Importing this module does not import TensorFlow (the CLI's --help lists the
-models from it)."""
+refused by name when given (train/config.py check_config). Importing this module does not
+import TensorFlow (the settings table and the CLI's --help read it)."""
 
 from __future__ import annotations
 

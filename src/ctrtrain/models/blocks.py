@@ -49,10 +49,10 @@ def mlp_over_fields(cfg, first_order: bool, out: int | None = 1, seed: int = 1):
 
 class MLP(tf.Module):
     """Dense layers `units` (the last one linear, unless `linear_last` is False), ReLU,
-    optional batch normalization and dropout after each hidden one. `input_mask` [width, 1]: inputs held at
-    zero in the first kernel (its initial values and every product), so a model can feed the
-    whole embedded block and the MLP still sees only the embeddings (DeepFM: not the
-    first-order column)."""
+    optional batch normalization and dropout after each hidden one. `input_mask` [width, 1]:
+    inputs held at zero in the first kernel (its initial values and every product), so a
+    model can feed the whole embedded block and the MLP still sees only the embeddings
+    (DeepFM: not the first-order column)."""
 
     def __init__(self, width: int, units, rates=(), batch_norm: bool = False, seed: int = 0,
                  input_mask=None, mixed_precision: bool = False, xla: bool = False,
