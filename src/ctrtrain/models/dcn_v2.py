@@ -28,11 +28,10 @@ class DCNv2(CTRModel):
         width = cfg.field_size * cfg.embedding_size
         self.stacked = o["cross_structure"] == "stacked"
         self.cross = CrossNetwork(width, o["cross_layers"], o["cross_rank"], seed=cfg.seed + 2)
+        # Stacked, the MLP reads x_L, as wide as the embeddings it reads in parallel.
+        self.mlp = mlp_over_fields(cfg, first_order=False, out=1 if self.stacked else None)
         if self.stacked:
-            self.mlp = MLP(width, list(cfg.deep_layers) + [1], cfg.rates(), cfg.batch_norm,
-                           seed=cfg.seed + 1, mixed_precision=cfg.mixed_precision, xla=cfg.xla)
             return [self.cross, self.mlp]
-        self.mlp = mlp_over_fields(cfg, first_order=False, out=None)
         self.out = MLP(width + cfg.deep_layers[-1], [1], seed=cfg.seed + 3, name="out")
         return [self.cross, self.mlp, self.out]
 
