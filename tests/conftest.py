@@ -69,6 +69,16 @@ def run_cli(*args, check=True, cwd=None, env=None, timeout=600):
     return r
 
 
+def ctrtrain_here(*args):
+    """`ctrtrain ARGS` in this process: cli.main, all that the command runs but the process's
+    start and end (a new process spends ~3 s importing TensorFlow, most of a short run: issue
+    28). For runs a test reads the output of; what a user sees of a process (its exit status,
+    its messages, its end on a signal) is tested through run_cli. The trainer seeds each run
+    itself (train/sync.py), so runs in one process repeat as runs in new ones do."""
+    from ctrtrain.cli import main
+    assert main([str(a) for a in args]) == 0, f"ctrtrain {' '.join(map(str, args))} failed"
+
+
 def random_rows(n=1000, f=39, feature_size=10_000, seed=0):
     from ctrtrain.data.libsvm import Rows
     rng = np.random.default_rng(seed)

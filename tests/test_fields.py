@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import ctrtrain_here
 from ctrtrain.data.schema import FieldRows, Schema
 from ctrtrain.errors import DataError
 
@@ -259,17 +260,17 @@ def test_previous_release_data_and_models_work_unchanged(tmp_path):
     """A data set and a SavedModel written by the release before declared fields: its model
     predicts what it predicted then, and its data trains."""
     old = read_probs(PREVIOUS / "test_predictions.csv")
-    ok("predict", "--model", PREVIOUS / "export", "--input", PREVIOUS / "test",
-       "--out", tmp_path / "p.csv")
+    ctrtrain_here("predict", "--model", PREVIOUS / "export", "--input", PREVIOUS / "test",
+                  "--out", tmp_path / "p.csv")
     np.testing.assert_allclose(read_probs(tmp_path / "p.csv"), old, rtol=1e-5, atol=1e-6)
     md = tmp_path / "model"
-    ok("train", "--train", PREVIOUS / "train", "--test", PREVIOUS / "test", "--model-dir", md,
-       "--epochs", 2, "--batch-size", 128, "--embedding-size", 4, "--deep-layers", "16,8")
+    ctrtrain_here("train", "--train", PREVIOUS / "train", "--test", PREVIOUS / "test", "--model-dir", md,
+                  "--epochs", 2, "--batch-size", 128, "--embedding-size", 4, "--deep-layers", "16,8")
     result = json.loads((md / "result.json").read_text())
     assert result["step"] == 36 and result["test"]["examples"] == 300
     assert not (md / "export" / "36" / "assets.extra" / "ctrtrain.json").read_text().count('"fields"')
     # Today's export of the fixed schema serves its records too, as `predict` scores them.
-    ok("predict", "--model", md / "export", "--input", PREVIOUS / "test", "--out", tmp_path / "n.csv")
+    ctrtrain_here("predict", "--model", md / "export", "--input", PREVIOUS / "test", "--out", tmp_path / "n.csv")
     np.testing.assert_allclose(
         served_from_examples(md / "export", sorted((PREVIOUS / "test").glob("*.tfrecord"))),
         read_probs(tmp_path / "n.csv"), rtol=1e-5, atol=1e-6)
@@ -428,21 +429,21 @@ def test_fields_hashed_at_training_time_serve_raw_strings(movielens_csvs, tmp_pa
     import pandas as pd
     import tensorflow as tf
     d = movielens_csvs
-    ok("data", "featurize", d / "train.csv", "--out", tmp_path / "train", "--label-column",
-       "rating", "--label-threshold", "4", "--multi-hot", "genres", "--drop", "title,timestamp",
-       "--hash-buckets", 500)
-    ok("data", "featurize", d / "test.csv", "--out", tmp_path / "test",
-       "--vocab", tmp_path / "train" / "vocab.json")
-    ok("data", "validate", tmp_path / "test")
+    ctrtrain_here("data", "featurize", d / "train.csv", "--out", tmp_path / "train", "--label-column",
+                  "rating", "--label-threshold", "4", "--multi-hot", "genres", "--drop", "title,timestamp",
+                  "--hash-buckets", 500)
+    ctrtrain_here("data", "featurize", d / "test.csv", "--out", tmp_path / "test",
+                  "--vocab", tmp_path / "train" / "vocab.json")
+    ctrtrain_here("data", "validate", tmp_path / "test")
     m = json.loads((tmp_path / "train" / "manifest.json").read_text())
     hashed = {f["name"]: (f["hash_base"], f["hash_buckets"]) for f in m["fields"]}
     assert sorted(b for b, _ in hashed.values()) == list(range(0, 500 * len(hashed), 500))
     assert m["feature_size"] == 500 * len(hashed) and hashed["genres"][1] == 500
     md = tmp_path / "model"
-    ok("train", "--train", tmp_path / "train", "--test", tmp_path / "test", "--model-dir", md,
-       "--epochs", 3, "--batch-size", 32, "--predictions", "auto")
+    ctrtrain_here("train", "--train", tmp_path / "train", "--test", tmp_path / "test", "--model-dir", md,
+                  "--epochs", 3, "--batch-size", 32, "--predictions", "auto")
     trained = read_probs(md / "predictions.csv")
-    ok("predict", "--model", md / "export", "--input", d / "test.csv", "--out", tmp_path / "p.csv")
+    ctrtrain_here("predict", "--model", md / "export", "--input", d / "test.csv", "--out", tmp_path / "p.csv")
     np.testing.assert_allclose(read_probs(tmp_path / "p.csv"), trained, rtol=1e-6, atol=1e-7)
     # A client builds the Example from the raw row, as TF Serving users do.
     row = pd.read_csv(d / "test.csv", dtype=str).iloc[0]
@@ -470,12 +471,12 @@ def test_declared_files_without_a_manifest_are_indexed_with_their_declaration(de
     assert "data index --fields" in r.stderr and not (tmp_path / "manifest.json").exists()
     (tmp_path.parent / "decl.json").write_text(json.dumps(src["fields"]))
     for spec in (declared / "train", tmp_path.parent / "decl.json", json.dumps(src["fields"])):
-        ok("data", "index", tmp_path, "--fields", spec, "--overwrite")
+        ctrtrain_here("data", "index", tmp_path, "--fields", spec, "--overwrite")
         m = json.loads((tmp_path / "manifest.json").read_text())
         assert m["fields"] == src["fields"] and m["files"] == src["files"]
         assert m["positives"] == src["positives"]
         assert m["feature_size"] <= src["feature_size"]       # the largest id + 1
-    ok("data", "validate", tmp_path)
+    ctrtrain_here("data", "validate", tmp_path)
     r = ctrtrain("data", "index", tmp_path, "--fields", declared / "train", "--overwrite",
                  "--feature-size", 10)
     assert r.returncode == 2 and "is outside [0, 10)" in r.stderr
@@ -500,8 +501,8 @@ def test_a_numeric_field_bucketized_into_an_id_trains_and_serves(declared, tmp_p
         (tmp_path / split).mkdir()
         for f in read_manifest(declared / split).files:
             shutil.copy(declared / split / f.path, tmp_path / split / f.path)
-        ok("data", "index", tmp_path / split, "--fields", tmp_path / "decl.json",
-           "--feature-size", base + 10)
+        ctrtrain_here("data", "index", tmp_path / split, "--fields", tmp_path / "decl.json",
+                      "--feature-size", base + 10)
     m = read_manifest(tmp_path / "train")
     assert m.field_size == len(fields) + 2 and m.feature_size == base + 10
 
@@ -514,10 +515,10 @@ def test_a_numeric_field_bucketized_into_an_id_trains_and_serves(declared, tmp_p
         assert b["ids"].numpy()[:, n_cat + j].tolist() == want.tolist()
         assert len(set(want.tolist())) > 1
 
-    ok("train", "--train", tmp_path / "train", "--test", tmp_path / "test", "--model-dir",
-       tmp_path / "m", "--epochs", 1, "--batch-size", 512)
-    ok("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "test", "--out",
-       tmp_path / "p.csv")
+    ctrtrain_here("train", "--train", tmp_path / "train", "--test", tmp_path / "test", "--model-dir",
+                  tmp_path / "m", "--epochs", 1, "--batch-size", 512)
+    ctrtrain_here("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "test", "--out",
+                  tmp_path / "p.csv")
     test_files = read_manifest(tmp_path / "test").paths(tmp_path / "test")
     served = served_from_examples(tmp_path / "m" / "export", test_files)
     np.testing.assert_allclose(read_probs(tmp_path / "p.csv"), served, rtol=1e-5, atol=1e-6)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import ctrtrain_here, run_cli
 
 tf = pytest.importorskip("tensorflow")
 
@@ -199,9 +199,10 @@ def small(model) -> dict:
 
 def train(data, md, model, steps, *extra):
     size = [f"--{k.replace('_', '-')}={v}" for k, v in small(model).items()]
-    run_cli("train", "--train", data / "train", "--test", data / "test", "--model-dir", md,
-            "--model", model, "--steps", steps, "--batch-size", "256", "--checkpoint-every", "20",
-            "--predictions", "auto", "--quiet", "--learning-rate", "0.01", *size, *extra)
+    ctrtrain_here("train", "--train", data / "train", "--test", data / "test", "--model-dir", md,
+                  "--model", model, "--steps", steps, "--batch-size", "256",
+                  "--checkpoint-every", "20", "--predictions", "auto", "--quiet",
+                  "--learning-rate", "0.01", *size, *extra)
     return json.loads((md / "result.json").read_text())
 
 
@@ -221,8 +222,8 @@ def test_each_model_trains_resumes_exactly_exports_and_predicts_the_same(name, d
     np.testing.assert_allclose(probs(tmp_path / "resumed" / "predictions.csv"),
                                probs(tmp_path / "whole" / "predictions.csv"), atol=1e-6)
     # The exported model predicts what training's evaluation did.
-    run_cli("predict", "--model", tmp_path / "whole" / "export", "--input", data / "test",
-            "--out", tmp_path / "p.csv")
+    ctrtrain_here("predict", "--model", tmp_path / "whole" / "export", "--input", data / "test",
+                  "--out", tmp_path / "p.csv")
     np.testing.assert_allclose(probs(tmp_path / "p.csv"),
                                probs(tmp_path / "whole" / "predictions.csv"), atol=1e-6)
     info = json.loads(next((tmp_path / "whole" / "export").glob("*/assets.extra/ctrtrain.json"))
@@ -256,16 +257,16 @@ def test_dlrm_reads_declared_numeric_fields_through_its_bottom_mlp(tmp_path):
     """Declared numeric fields (values as the data holds them) enter DLRM's bottom MLP; the
     model trains, exports and predicts what training predicted, from records."""
     d = tmp_path / "data"
-    run_cli("data", "synth", "--out", d, "--rows", 12_000, "--feature-size", 2_000, "--seed", 4,
-            "--numeric-fields", 3, "--categorical-fields", 5, "--multi-hot-fields", 1,
-            "--multi-hot-len", 3, "--multi-hot-vocab", 200, "--files-per-split", 1,
-            "--processes", 1)
+    ctrtrain_here("data", "synth", "--out", d, "--rows", 12_000, "--feature-size", 2_000, "--seed", 4,
+                  "--numeric-fields", 3, "--categorical-fields", 5, "--multi-hot-fields", 1,
+                  "--multi-hot-len", 3, "--multi-hot-vocab", 200, "--files-per-split", 1,
+                  "--processes", 1)
     md = tmp_path / "m"
-    run_cli("train", "--train", d / "train", "--test", d / "test", "--model-dir", md, "--model",
-            "dlrm", "--bottom-layers", "16", "--embedding-size", "4", "--deep-layers", "32",
-            "--epochs", 2, "--batch-size", 256, "--learning-rate", "0.005", "--predictions",
-            "auto", "--quiet")
+    ctrtrain_here("train", "--train", d / "train", "--test", d / "test", "--model-dir", md, "--model",
+                  "dlrm", "--bottom-layers", "16", "--embedding-size", "4", "--deep-layers", "32",
+                  "--epochs", 2, "--batch-size", 256, "--learning-rate", "0.005", "--predictions",
+                  "auto", "--quiet")
     r = json.loads((md / "result.json").read_text())
     assert r["test"]["auc"] > 0.6, r["test"]
-    run_cli("predict", "--model", md / "export", "--input", d / "test", "--out", tmp_path / "p.csv")
+    ctrtrain_here("predict", "--model", md / "export", "--input", d / "test", "--out", tmp_path / "p.csv")
     np.testing.assert_allclose(probs(tmp_path / "p.csv"), probs(md / "predictions.csv"), atol=1e-6)

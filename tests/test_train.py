@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import ctrtrain_here, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_resume_skips_to_the_same_batches(synth):
 def test_export_signature_and_batch_predict_in_order(synth, tmp_path):
     root, _ = synth
     md = tmp_path / "m"
-    run_cli(*train_args(root, md, "--steps", "60"))
+    ctrtrain_here(*train_args(root, md, "--steps", "60"))
     export = sorted((md / "export").iterdir())[-1]
     show = subprocess.run([os.path.join(os.path.dirname(sys.executable), "saved_model_cli"), "show",
                            "--dir", str(export), "--tag_set", "serve", "--signature_def",
@@ -111,9 +111,9 @@ def test_export_signature_and_batch_predict_in_order(synth, tmp_path):
     assert show.returncode == 0, show.stderr
     assert "inputs['ids']" in show.stdout and "(-1, 39)" in show.stdout
     assert "outputs['prob']" in show.stdout and "DT_INT64" in show.stdout
-    run_cli("predict", "--model", md / "export", "--input", root / "tf" / "test", "--out", tmp_path / "p.csv")
-    run_cli("predict", "--model", md / "export", "--input", *sorted((root / "raw" / "test").glob("*.libsvm")),
-            "--out", tmp_path / "p.jsonl")
+    ctrtrain_here("predict", "--model", md / "export", "--input", root / "tf" / "test", "--out", tmp_path / "p.csv")
+    ctrtrain_here("predict", "--model", md / "export", "--input", *sorted((root / "raw" / "test").glob("*.libsvm")),
+                  "--out", tmp_path / "p.jsonl")
     csv = [l.split(",") for l in (tmp_path / "p.csv").read_text().splitlines()]
     jl = [json.loads(l) for l in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert csv[0] == ["row", "prob", "label"] and len(csv) - 1 == 30_000 == len(jl)
@@ -134,8 +134,8 @@ def test_export_signature_and_batch_predict_in_order(synth, tmp_path):
 def test_every_optimizer_learns(synth, tmp_path, optimizer):
     root, _ = synth
     lr = {"adagrad": "0.05", "ftrl": "0.05", "sgd": "0.05", "momentum": "0.02"}[optimizer]
-    run_cli(*train_args(root, tmp_path / "m", "--steps", "150", "--optimizer", optimizer,
-                        "--learning-rate", lr, "--no-export"))
+    ctrtrain_here(*train_args(root, tmp_path / "m", "--steps", "150", "--optimizer", optimizer,
+                              "--learning-rate", lr, "--no-export"))
     r = json.loads((tmp_path / "m" / "result.json").read_text())
     assert r["test"]["auc"] > 0.70, r["test"]
 
@@ -165,9 +165,9 @@ def test_scale_lr_multiplies_the_step_by_the_replicas(synth, tmp_path):
 @pytest.mark.slow
 def test_options_dropout_batchnorm_mixed_precision_cache_libsvm(synth, tmp_path):
     root, info = synth
-    run_cli("train", "--train", root / "raw" / "train", "--test", root / "raw" / "test",
-            "--model-dir", tmp_path / "m", "--quiet", "--steps", "150", "--dropout", "0.2",
-            "--batch-norm", "--mixed-precision", "--cache", "--no-export")
+    ctrtrain_here("train", "--train", root / "raw" / "train", "--test", root / "raw" / "test",
+                  "--model-dir", tmp_path / "m", "--quiet", "--steps", "150", "--dropout", "0.2",
+                  "--batch-norm", "--mixed-precision", "--cache", "--no-export")
     r = json.loads((tmp_path / "m" / "result.json").read_text())
     assert r["test"]["auc"] > 0.70 and np.isfinite(r["test"]["logloss"])
 
@@ -223,9 +223,9 @@ def test_early_stopping_and_checkpoint_retention(synth, tmp_path):
     md = tmp_path / "m"
     # With a zero learning rate the validation AUC never improves: the second evaluation
     # without improvement stops the run.
-    run_cli(*train_args(root, md, "--steps", "400", "--learning-rate", "0", "--eval-every", "40",
-                        "--early-stopping", "2", "--checkpoint-every", "30", "--keep-checkpoints",
-                        "2", "--no-export"))
+    ctrtrain_here(*train_args(root, md, "--steps", "400", "--learning-rate", "0", "--eval-every", "40",
+                              "--early-stopping", "2", "--checkpoint-every", "30", "--keep-checkpoints",
+                              "2", "--no-export"))
     result = json.loads((md / "result.json").read_text())
     assert result["stopped_early"] is True and result["step"] == 120
     events = [json.loads(l) for l in (md / "metrics.jsonl").read_text().splitlines()]
