@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ctrtrain_here
 from ctrtrain.data.libffm import FieldStats, parse_libffm, to_field_rows
 
 ROLES = ["user_id", "movie_id", "gender", "age", "occupation", "zip"]
@@ -99,8 +100,8 @@ def test_malformed_lines_are_named(line, reason):
 
 def test_libffm_converts_trains_and_predicts_from_its_own_lines(shared, tmp_path):
     train, test, n_ids = movielens_libffm(shared, tmp_path / "raw")
-    ok("data", "convert", train, "--out", tmp_path / "tr", "--shards", 3, "--processes", 2,
-       "--feature-size", n_ids)
+    ctrtrain_here("data", "convert", train, "--out", tmp_path / "tr", "--shards", 3, "--processes", 2,
+                  "--feature-size", n_ids)
     m = json.loads((tmp_path / "tr" / "manifest.json").read_text())
     kinds = {f["name"]: f for f in m["fields"]}
     assert [kinds[f"f{j}"]["kind"] for j in range(6)] == ["categorical"] * 6
@@ -108,25 +109,25 @@ def test_libffm_converts_trains_and_predicts_from_its_own_lines(shared, tmp_path
                            "weighted": True, "max_len": kinds["f6"]["max_len"]}
     assert kinds["f6"]["max_len"] >= 3
     # One process, one shard: the same declaration.
-    ok("data", "convert", train, "--out", tmp_path / "tr1", "--shards", 1, "--processes", 1,
-       "--feature-size", n_ids)
+    ctrtrain_here("data", "convert", train, "--out", tmp_path / "tr1", "--shards", 1, "--processes", 1,
+                  "--feature-size", n_ids)
     assert json.loads((tmp_path / "tr1" / "manifest.json").read_text())["fields"] == m["fields"]
 
     # The test split --like the training one (a user, movie or zip unseen in training is just
     # another id of the table: libffm ids are global).
-    ok("data", "convert", test, "--out", tmp_path / "te", "--like", tmp_path / "tr")
-    ok("data", "validate", tmp_path / "tr")
-    ok("data", "validate", tmp_path / "te")
+    ctrtrain_here("data", "convert", test, "--out", tmp_path / "te", "--like", tmp_path / "tr")
+    ctrtrain_here("data", "validate", tmp_path / "tr")
+    ctrtrain_here("data", "validate", tmp_path / "te")
     te = json.loads((tmp_path / "te" / "manifest.json").read_text())
     assert te["fields"] == m["fields"] and te["feature_size"] == m["feature_size"]
     assert sum(f["records"] for f in te["files"]) == 50
 
-    ok("train", "--train", tmp_path / "tr", "--test", tmp_path / "te", "--model-dir",
-       tmp_path / "m", "--epochs", 2, "--batch-size", 16, "--seed", 1)
-    ok("predict", "--model", tmp_path / "m" / "export", "--input", test, "--out",
-       tmp_path / "from_text.csv")
-    ok("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "te", "--out",
-       tmp_path / "from_records.csv")
+    ctrtrain_here("train", "--train", tmp_path / "tr", "--test", tmp_path / "te", "--model-dir",
+                  tmp_path / "m", "--epochs", 2, "--batch-size", 16, "--seed", 1)
+    ctrtrain_here("predict", "--model", tmp_path / "m" / "export", "--input", test, "--out",
+                  tmp_path / "from_text.csv")
+    ctrtrain_here("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "te", "--out",
+                  tmp_path / "from_records.csv")
     a = (tmp_path / "from_text.csv").read_text()
     assert a == (tmp_path / "from_records.csv").read_text()
     assert len(a.splitlines()) == 51

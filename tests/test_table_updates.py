@@ -123,16 +123,16 @@ def test_rare_positive_data_starts_calibrated(tmp_path):
     (the early steps spend themselves moving the bias from 0.5); from the prior they do not."""
     import json
 
-    from conftest import run_cli
+    from conftest import ctrtrain_here
     from ctrtrain.data.synth import SynthConfig, synthesize
     synthesize(tmp_path / "d", SynthConfig(rows=30_000, feature_size=3_000, base_rate=0.002),
                processes=1)
     means = {}
     for bias in ("prior", "zero"):
         md = tmp_path / bias
-        run_cli("train", "--train", tmp_path / "d" / "train", "--test", tmp_path / "d" / "test",
-                "--model-dir", md, "--steps", "5", "--batch-size", "256", "--no-export",
-                "--quiet", "--output-bias", bias, "--predictions", "auto")
+        ctrtrain_here("train", "--train", tmp_path / "d" / "train", "--test", tmp_path / "d" / "test",
+                      "--model-dir", md, "--steps", "5", "--batch-size", "256", "--no-export",
+                      "--quiet", "--output-bias", bias, "--predictions", "auto")
         probs = [float(line.split(",")[1]) for line in
                  (md / "predictions.csv").read_text().splitlines()[1:]]
         means[bias] = sum(probs) / len(probs)
