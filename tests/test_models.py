@@ -13,7 +13,10 @@ tf = pytest.importorskip("tensorflow")
 
 DATA = {"rows": 40_000, "feature_size": 2_000, "seed": 3}   # test_distributed.py's
 # DeepFM, the default, is what test_train.py, test_distributed.py and the others train.
-MODELS = ["lr", "fm", "wide_deep", "dcn_v2", "xdeepfm", "autoint", "dlrm"]
+MODELS = ["lr", "fm", "wide_deep", "dcn_v2", "xdeepfm", "autoint", "dlrm", "din"]
+# Declared fields of the formula tests' batch (features()): DIN's history is the bag.
+FIELDS = (("C1", "categorical"), ("C2", "categorical"), ("I1", "numeric"),
+          ("hist_C2", "sequence"))
 
 
 def features(batch=4):
@@ -82,20 +85,50 @@ def np_attention(layer, e):
     return np.maximum(np.concatenate(out, -1) + e @ layer.residual.numpy(), 0)
 
 
+def np_dice(dice, s, mean=None, var=None):
+    """p(s) s + (1 - p(s)) alpha s, p = sigmoid of s standardized (by the moving statistics
+    unless others are given)."""
+    mean = dice.mean.numpy() if mean is None else mean
+    var = dice.var.numpy() if var is None else var
+    p = 1 / (1 + np.exp(-(s - mean) / np.sqrt(var + 1e-8)))
+    return p * s + (1 - p) * dice.alpha.numpy() * s
+
+
+def np_din_block(m, s, f):
+    """DIN's MLP input: the slots, the history's replaced by sum_j a(e_j, q) e_j over its held
+    items (a: the activation unit's MLP over [e_j, q, e_j - q, e_j q], Dice, linear out)."""
+    ids = f["bag_ids"].numpy()
+    held = ids >= 0
+    rows = np.where(held[..., None], m.table.numpy()[np.maximum(ids, 0)], 0.0)   # [B, L, k]
+    q = np.broadcast_to(s[:, 1][:, None], rows.shape)                  # C2 (hist_C2's target)
+    h = np.concatenate([rows, q, rows - q, rows * q], -1)
+    att = m.attention
+    for i, (k, b) in enumerate(zip(att.kernels, att.biases)):
+        h = h @ k.numpy() + b.numpy()
+        if i < len(att.dice):
+            h = np_dice(att.dice[i], h)
+    out = s.copy()
+    out[:, 3] = ((h[..., 0] * held)[..., None] * rows).sum(1)
+    return out
+
+
 @pytest.mark.parametrize("name,options", [
     ("lr", {}), ("fm", {}), ("deepfm", {}), ("wide_deep", {}),
     ("dcn_v2", {}), ("dcn_v2", {"cross_structure": "stacked", "cross_rank": 2}),
     ("xdeepfm", {"cin_layers": (3, 2)}), ("autoint", {"attention_layers": 2}),
-    ("dlrm", {"bottom_layers": (6,)})])
+    ("dlrm", {"bottom_layers": (6,)}), ("din", {"din_attention_units": (5, 2)})])
 def test_each_model_computes_its_papers_logit(name, options):
     from ctrtrain.models import build_model
     from ctrtrain.models.base import ModelConfig
     m = build_model(ModelConfig(feature_size=10, field_size=4, embedding_size=3, numeric_fields=1,
                                 deep_layers=(5, 4), bags=((3, "sum"),), initial_bias=0.25,
-                                model=name, seed=1, options=options))
+                                fields=FIELDS, model=name, seed=1, options=options))
     m.table.assign(tf.random.normal(m.table.shape, seed=2))
     for v in m.dense_variables()[1:]:     # biases too: none may hide behind a zero
         v.assign(tf.random.normal(v.shape, stddev=0.3, seed=3))
+    for d in getattr(getattr(m, "attention", None), "dice", []):   # DIN's moving statistics
+        d.mean.assign(tf.random.normal(d.mean.shape, stddev=0.3, seed=4))
+        d.var.assign(tf.random.uniform(d.var.shape, 0.5, 2.0, seed=5))
     f = features()
     logits, l2 = m(f)
     s = slots(m.table.numpy(), f)
@@ -129,6 +162,10 @@ def test_each_model_computes_its_papers_logit(name, options):
         v = np.concatenate([z[:, None], s[:, [0, 1, 3]]], 1)             # numeric slot left out
         dots = [np.einsum("bd,bd->b", v[:, i], v[:, j]) for i in range(4) for j in range(i + 1, 4)]
         want = np_mlp(m.top, np.concatenate([z, np.stack(dots, 1)], 1))[:, 0]
+    elif name == "din":      # the bag (hist_C2), unpooled, weighed against C2's embedding
+        assert width == 3 and m.dense_variables()[1:] == m.attention.variables_to_update() + \
+            m.mlp.variables_to_update()
+        want = np_mlp(m.mlp, np_din_block(m, s, f).reshape(len(s), -1))[:, 0]
     elif options.get("cross_structure") == "stacked":    # dcn_v2: no first order
         assert width == 3 and m.cross.rank == 2
         want = np_mlp(m.mlp, np_cross(m.cross, flat))[:, 0]
@@ -155,6 +192,42 @@ def test_dlrm_without_numeric_fields_interacts_the_embeddings_alone():
     dots = np.stack([np.einsum("bd,bd->b", e[:, i], e[:, j]) for i, j in ((0, 1), (0, 2), (1, 2))], 1)
     assert m.bottom is None
     np.testing.assert_allclose(m(f)[0].numpy(), np_mlp(m.top, dots)[:, 0], rtol=1e-4, atol=1e-5)
+
+
+def test_dice_standardizes_by_the_held_positions_in_training():
+    from ctrtrain.models.blocks import Dice
+    d = Dice(2)
+    d.alpha.assign([0.5, -1.0])
+    s = np.array([[1.0, 2.0], [3.0, -1.0], [100.0, 100.0]], np.float32)   # the last: padding
+    got = d(tf.constant(s), tf.constant([1.0, 1.0, 0.0]), training=True).numpy()
+    mean, var = s[:2].mean(0), s[:2].var(0)
+    np.testing.assert_allclose(got, np_dice(d, s, mean, var), rtol=1e-5)
+    np.testing.assert_allclose(d.mean.numpy(), 0.01 * mean, rtol=1e-5)
+    np.testing.assert_allclose(d.var.numpy(), 0.99 + 0.01 * var, rtol=1e-5)
+
+
+def test_din_names_the_fields_it_needs():
+    from ctrtrain.errors import ConfigError
+    from ctrtrain.models.din import din_fields
+    opts = {"din_sequence": "", "din_target": ""}
+    with pytest.raises(ConfigError, match="model din needs a sequence field.*declares none"):
+        din_fields((), opts)
+    fields = (("user", "categorical"), ("item", "categorical"), ("genres", "multi_hot"),
+              ("hist_item", "sequence"))
+    assert din_fields(fields, opts) == (1, 1, "item", "hist_item")
+    with pytest.raises(ConfigError, match="din_target: 'genres' is not a categorical field "
+                                          "of the data .its categorical fields: user, item"):
+        din_fields(fields, {**opts, "din_target": "genres"})
+    with pytest.raises(ConfigError, match="din_sequence: 'genres' is not a sequence field"):
+        din_fields(fields, {**opts, "din_sequence": "genres"})
+    clicks = fields[:3] + (("clicks", "sequence"),)
+    with pytest.raises(ConfigError, match="din_target: name the categorical field the history "
+                                          "clicks is weighed against .one of user, item"):
+        din_fields(clicks, opts)
+    assert din_fields(clicks, {**opts, "din_target": "user"}) == (0, 1, "user", "clicks")
+    with pytest.raises(ConfigError, match="din_sequence: name the history among the sequence "
+                                          "fields clicks, hist_item"):
+        din_fields(clicks + (("hist_item", "sequence"),), opts)
 
 
 @pytest.mark.parametrize("setting, value", [("deep_layers", (400, 400)), ("dropout", 0.5),
@@ -188,12 +261,38 @@ def data(synth_data):
     return synth_data(**DATA)[0] / "tf"
 
 
+@pytest.fixture(scope="module")
+def history_data(tmp_path_factory):
+    """Declared fields with a history (S1, a sequence field), for DIN."""
+    d = tmp_path_factory.mktemp("history") / "data"
+    ctrtrain_here("data", "synth", "--out", d, "--rows", 12_000, "--feature-size", 2_000,
+                  "--seed", 5, "--numeric-fields", 1, "--categorical-fields", 4,
+                  "--sequence-fields", 1, "--sequence-len", 5, "--multi-hot-vocab", 300,
+                  "--files-per-split", 2, "--processes", 1)
+    return d
+
+
+@pytest.mark.slow
+def test_din_on_data_without_a_history_is_refused_by_name(data, tmp_path):
+    r = run_cli("train", "--train", data / "train", "--model-dir", tmp_path / "m", "--model",
+                "din", "--steps", 1, check=False)
+    assert r.returncode == 2 and "model din needs a sequence field" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.fixture
+def data_of(request):
+    """The data a model trains on in these tests: DIN needs a history, the others read the
+    fixed schema's (test_distributed.py's data)."""
+    return lambda name: request.getfixturevalue("history_data" if name == "din" else "data")
+
+
 def small(model) -> dict:
     """Settings that keep a test's model small (the cost is start-up, not steps)."""
     from ctrtrain.models import MODELS
     out = {"embedding_size": 4} if "embedding_size" in MODELS[model].reads else {}
     # xDeepFM's CIN and DLRM's top MLP (over 39 fields' 741 dot products) cost most.
-    own = {"xdeepfm": {"cin_layers": "16,16"}, "dlrm": {"deep_layers": "64"}}
+    own = {"xdeepfm": {"cin_layers": "16,16"}, "dlrm": {"deep_layers": "64"},
+           "din": {"din_target": "C1", "din_attention_units": "8", "deep_layers": "64"}}
     return {**out, **own.get(model, {})}
 
 
@@ -212,7 +311,8 @@ def probs(csv):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
-def test_each_model_trains_resumes_exactly_exports_and_predicts_the_same(name, data, tmp_path):
+def test_each_model_trains_resumes_exactly_exports_and_predicts_the_same(name, data_of, tmp_path):
+    data = data_of(name)
     whole = train(data, tmp_path / "whole", name, 40)
     assert whole["test"]["auc"] > 0.6, whole["test"]
     # Stopped at a checkpoint, then the same command with more steps: the same model.
@@ -241,11 +341,11 @@ TRAINER_OF = {m: ("deepfm-parameter-server", "deepfm-allreduce")[i % 2]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,example", TRAINER_OF.items())
-def test_each_model_trains_in_a_multi_process_job(name, example, data, tmp_path):
+def test_each_model_trains_in_a_multi_process_job(name, example, data_of, tmp_path):
     """Real launches: 2 all-reduce workers, or 2 workers and 2 parameter servers holding the
     table in shards. The recipe takes the model as a hyperparameter, as SageMaker passes it."""
     from test_distributed import launch
-    r, _, _ = launch(tmp_path, example, data, hyperparameters={
+    r, _, _ = launch(tmp_path, example, data_of(name), hyperparameters={
         "model": name, "steps": 60, "batch_size": 256, "learning_rate": 0.01, **small(name)})
     assert r["step"] == 60 and r["test"]["auc"] > 0.6, r["test"]
     info = json.loads(next((tmp_path / "run").glob("**/assets.extra/ctrtrain.json")).read_text())

@@ -71,6 +71,16 @@ MODELS = {
                       "bottom_layers": Option((512, 256), "hidden widths of the bottom MLP over "
                                               "the declared numeric fields (k is appended)",
                                               items(number(int, 1)))}),
+    "din": Entry("din:DIN", "DIN: a history (sequence field) weighed against the candidate by "
+                 "target attention, then an MLP over the embeddings", DEEP, {
+                     "din_sequence": Option("", "the history: a sequence field (default: the "
+                                            "data's only one)", str),
+                     "din_target": Option("", "the candidate the history is weighed against: a "
+                                          "categorical field (default: X for a history named "
+                                          "hist_X, X_hist or X_history)", str),
+                     "din_attention_units": Option((80, 40), "hidden widths of the attention "
+                                                   "unit (Dice), e.g. 80,40",
+                                                   items(number(int, 1)))}),
 }
 
 

@@ -33,6 +33,8 @@ class ModelConfig:
     numeric_fields: int = 0       # declared numeric fields: rows feature_size .. + this
     bags: tuple[tuple[int, str], ...] = ()   # (max_len, pooling) of each multi_hot or
                                              # sequence field, in field order
+    fields: tuple[tuple[str, str], ...] = ()   # declared fields' (name, kind), in declaration
+                                               # order; () for the fixed schema
     model: str = "deepfm"         # the model's name (models/__init__.py MODELS)
     options: dict = dataclasses.field(default_factory=dict)   # the model's own options
 

@@ -1,6 +1,7 @@
 """Interaction blocks a model is made of, each a small piece over the embedded fields
 (engine/tables.py `Embedded`): the first-order sum and FM's pairwise term, the MLP, DCN-v2's
-cross network, xDeepFM's compressed interaction network and AutoInt's self-attention.
+cross network, xDeepFM's compressed interaction network, AutoInt's self-attention and DIN's
+target attention.
 
 Plain tf.Module and tf.Variable, no Keras: Keras 3 breaks under ParameterServerStrategy
 (DESIGN.md 4). A block's `variables_to_update()` are its trainable variables (the optimizer
@@ -116,15 +117,84 @@ class BatchNorm(tf.Module):
     def __call__(self, h, training):
         if training:
             mean, var = tf.nn.moments(h, [0])
-            # On the handle: under a mirrored strategy each replica keeps moving statistics of
-            # its own batches (the chief's are exported), as the optimizer updates its copy.
-            for stat, batch_value in ((self.mean, mean), (self.var, var)):
-                tf.raw_ops.AssignVariableOp(
-                    resource=stat.handle,
-                    value=self.momentum * stat + (1 - self.momentum) * batch_value)
+            update_moving(((self.mean, mean), (self.var, var)), self.momentum)
         else:
             mean, var = self.mean, self.var
         return tf.nn.batch_normalization(h, mean, var, self.beta, self.gamma, self.eps)
+
+
+def update_moving(stats, momentum: float):
+    """Moves each (variable, batch value) pair's moving average toward the batch's value. On the
+    handle: under a mirrored strategy each replica keeps moving statistics of its own batches
+    (the chief's are exported), as the optimizer updates its copy."""
+    for stat, batch_value in stats:
+        tf.raw_ops.AssignVariableOp(resource=stat.handle,
+                                    value=momentum * stat + (1 - momentum) * batch_value)
+
+
+class Dice(tf.Module):
+    """DIN's data-adaptive activation (Zhou et al., 2018, eq. 9): p(s) s + (1 - p(s)) alpha s,
+    p(s) = sigmoid((s - E[s]) / sqrt(Var[s] + eps)), per unit; E and Var over the batch's held
+    positions in training (`weights` [N] masks the padding out), their moving averages in
+    inference; alpha trainable, from 0."""
+
+    def __init__(self, units: int, momentum: float = 0.99, eps: float = 1e-8, name=None):
+        super().__init__(name=name)
+        self.alpha = tf.Variable(tf.zeros([units]), name="alpha")
+        self.mean = tf.Variable(tf.zeros([units]), trainable=False, name="moving_mean")
+        self.var = tf.Variable(tf.ones([units]), trainable=False, name="moving_var")
+        self.momentum, self.eps = momentum, eps
+
+    def __call__(self, s, weights, training):
+        """s [N, units], weights [N] (1 held, 0 padding)."""
+        if training:
+            w = weights[:, None]
+            n = tf.reduce_sum(w)
+            mean = tf.math.divide_no_nan(tf.reduce_sum(s * w, 0), n)
+            var = tf.math.divide_no_nan(tf.reduce_sum(tf.square(s - mean) * w, 0), n)
+            update_moving(((self.mean, mean), (self.var, var)), self.momentum)
+        else:
+            mean, var = self.mean, self.var
+        p = tf.sigmoid((s - mean) * tf.math.rsqrt(var + self.eps))
+        return p * s + (1 - p) * self.alpha * s
+
+
+class TargetAttention(tf.Module):
+    """DIN's local activation unit (Zhou et al., 2018, fig. 2): each history item e_j is
+    weighed by a small MLP over [e_j, q, e_j - q, e_j * q] against the target q (hidden layers
+    `units` with Dice, then one linear output), and the history pools to sum_j w_j e_j over the
+    held items. As the paper: the weights are not normalized by a softmax (DeepCTR's default
+    too); DeepCTR feeds [q, e_j, q - e_j, q * e_j], the same up to the first kernel's signs.
+    (q [B, k], rows [B, L, k], held [B, L]) -> [B, k]."""
+
+    def __init__(self, width: int, units, seed: int = 0, name="target_attention"):
+        super().__init__(name=name)
+        glorot = tf.initializers.GlorotUniform(seed=seed)
+        self.kernels, self.biases, self.dice, n = [], [], [], 4 * width
+        for i, u in enumerate(list(units) + [1]):
+            self.kernels.append(tf.Variable(glorot((n, u)), name=f"kernel_{i}"))
+            self.biases.append(tf.Variable(tf.zeros([u]), name=f"bias_{i}"))
+            if i < len(units):
+                self.dice.append(Dice(u, name=f"dice_{i}"))
+            n = u
+
+    def variables_to_update(self):
+        return self.kernels + self.biases + [d.alpha for d in self.dice]
+
+    def penalized(self):
+        return self.kernels
+
+    def __call__(self, q, rows, held, training: bool = False):
+        length, width = rows.shape[1], rows.shape[2]
+        q = tf.broadcast_to(q[:, None, :], tf.shape(rows))
+        h = tf.reshape(tf.concat([rows, q, rows - q, rows * q], 2), [-1, 4 * width])
+        mask = tf.reshape(tf.cast(held, tf.float32), [-1])
+        for i, (kern, b) in enumerate(zip(self.kernels, self.biases)):
+            h = tf.matmul(h, kern) + b
+            if i < len(self.dice):
+                h = self.dice[i](h, mask, training)
+        weights = tf.reshape(h[:, 0] * mask, [-1, length, 1])       # 0 for the padding
+        return tf.reduce_sum(weights * rows, 1)
 
 
 class CrossNetwork(tf.Module):

@@ -435,5 +435,7 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
                         initial_bias=bias,
                         numeric_fields=len(schema.of("numeric")) if schema else 0,
                         bags=tuple((f.max_len, f.pooling) for f in schema.lists())
-                        if schema else (), model=cfg.model,
+                        if schema else (),
+                        fields=tuple((f.name, f.kind) for f in schema.fields) if schema else (),
+                        model=cfg.model,
                         options={name: getattr(cfg, name) for name in MODELS[cfg.model].options})

@@ -36,11 +36,12 @@ class Embedded:
     """A batch's looked-up fields: `block` [B, F, width], each field's row times its value (a
     bag's pooled rows), fields in the data's order (single ids, numeric, bags); `numeric` the
     declared numeric fields' values [B, n] as the data holds them (None without any), whose
-    slots in the block start at `numeric_at`."""
+    slots in the block start at `numeric_at`; `bags` the bags' ids unpooled (`bag_rows`)."""
 
-    def __init__(self, block, first_order: bool, numeric=None, numeric_at: int = 0):
+    def __init__(self, block, first_order: bool, numeric=None, numeric_at: int = 0, bags=None):
         self.block, self.first_order = block, first_order
         self.numeric, self.numeric_at = numeric, numeric_at
+        self._bags = bags   # (bag_ids [B, C], held [V, 2], held_rows [V, width], (max_len, ...))
 
     def categorical(self):
         """[B, F - n, width]: the block without the numeric fields' slots (for a model that
@@ -57,6 +58,18 @@ class Embedded:
     def flat(self):
         """[B, F * width]: the block as one row per example (an MLP's input)."""
         return tf.reshape(self.block, [-1, self.block.shape[1] * self.block.shape[2]])
+
+    def bag_rows(self, j: int):
+        """(rows [B, L, width], held [B, L]) of the j-th bag (multi_hot or sequence field, in
+        field order) unpooled: its ids' rows in the order the data holds them, zeros where a
+        row holds fewer than L ids (held False there). For a model that weighs a history's
+        items itself (DIN's attention) instead of reading the declared pooling. The rows are
+        the ones the pooled slot was made of, so their gradients reach the same table rows."""
+        bag_ids, held, held_rows, lengths = self._bags
+        start, length = sum(lengths[:j]), lengths[j]
+        every = tf.scatter_nd(held, held_rows, tf.concat(
+            [tf.shape(bag_ids, out_type=tf.int64), tf.constant([held_rows.shape[1]], tf.int64)], 0))
+        return every[:, start:start + length], bag_ids[:, start:start + length] >= 0
 
 
 class EmbeddingTable(tf.Module):
@@ -124,12 +137,14 @@ class EmbeddingTable(tf.Module):
         else:
             rows = tf.reshape(tf.gather(table_rows, where), [-1, ids.shape[1], width])
         scaled = rows * tf.expand_dims(values, -1)                       # [B, S, width]
+        bags = None
         if cfg.bags:
-            scaled = tf.concat([scaled, self._pooled(features["bag_weights"], held,
-                                                     tf.gather(table_rows, where[n_single:]),
+            held_rows = tf.gather(table_rows, where[n_single:])
+            scaled = tf.concat([scaled, self._pooled(features["bag_weights"], held, held_rows,
                                                      batch)], 1)
+            bags = (bag_ids, held, held_rows, tuple(max_len for max_len, _ in cfg.bags))
         return Embedded(scaled, self.first_order,
-                        features["numeric"] if cfg.numeric_fields else None, numeric_at)
+                        features["numeric"] if cfg.numeric_fields else None, numeric_at, bags)
 
     def _pooled(self, bag_weights, held, held_rows, batch):
         """[B, bags, width]: each bag's rows (one per held id, `held` its (row, column))

@@ -1,0 +1,83 @@
+"""DIN, the Deep Interest Network (Zhou et al., 2018, "Deep Interest Network for Click-Through
+Rate Prediction").
+
+q      = e_target                                   (the candidate: a categorical field's row)
+v_U    = sum_j a(e_j, q) e_j                        (the user's history, a sequence field, each
+                                                     item weighed against the candidate by the
+                                                     local activation unit: blocks.
+                                                     TargetAttention, Dice, no softmax)
+logit  = bias + MLP([e_1, ..., v_U, ..., e_F])      (every field's embedding, the history's
+                                                     replaced by v_U; other bags pooled as
+                                                     declared)
+
+Needs declared fields (docs/fields.md) with a sequence field. Options: `din_sequence` (the
+history; default: the data's only sequence field), `din_target` (the candidate; default: the
+categorical field the history's name names: `hist_item` or `item_hist` -> `item`),
+`din_attention_units` (the activation unit's hidden widths, 80,40 as the paper and DeepCTR).
+The MLP is the model's deep_layers with ReLU (DeepCTR's default; the paper uses PReLU or Dice
+there too), and no linear part, as the paper and DeepCTR's DIN.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ..errors import ConfigError
+from .base import CTRModel
+from .blocks import MLP, TargetAttention
+
+
+def din_fields(fields, options) -> tuple[int, int, str, str]:
+    """(the target's slot among the single ids, the history's index among the bags, their
+    names) from the declared fields [(name, kind)] and the options, or a ConfigError naming
+    what is missing."""
+    sequences = [n for n, kind in fields if kind == "sequence"]
+    categorical = [n for n, kind in fields if kind == "categorical"]
+    bags = [n for n, kind in fields if kind in ("multi_hot", "sequence")]
+    history = options["din_sequence"]
+    if not sequences:
+        raise ConfigError("model din needs a sequence field, the user's history (docs/fields.md: "
+                          "declared fields); this data declares "
+                          + ("none" if not fields else ", ".join(f"{n} ({k})" for n, k in fields)))
+    if not history:
+        if len(sequences) > 1:
+            raise ConfigError(f"din_sequence: name the history among the sequence fields "
+                              f"{', '.join(sequences)}")
+        history = sequences[0]
+    elif history not in sequences:
+        raise ConfigError(f"din_sequence: {history!r} is not a sequence field of the data "
+                          f"(its sequence fields: {', '.join(sequences)})")
+    target = options["din_target"]
+    if not target:
+        named = [n for n in categorical if history in (f"hist_{n}", f"{n}_hist", f"{n}_history")]
+        if not named:
+            raise ConfigError(f"din_target: name the categorical field the history {history} is "
+                              f"weighed against (one of {', '.join(categorical) or 'none'})")
+        target = named[0]
+    elif target not in categorical:
+        raise ConfigError(f"din_target: {target!r} is not a categorical field of the data "
+                          f"(its categorical fields: {', '.join(categorical) or 'none'})")
+    return categorical.index(target), bags.index(history), target, history
+
+
+class DIN(CTRModel):
+    first_order = False
+
+    def build(self, cfg):
+        self.target, self.history, *_ = din_fields(cfg.fields, self.options)
+        k = cfg.embedding_size
+        self.attention = TargetAttention(k, self.options["din_attention_units"],
+                                         seed=cfg.seed + 2)
+        self.mlp = MLP(cfg.field_size * k, list(cfg.deep_layers) + [1], cfg.rates(),
+                       cfg.batch_norm, seed=cfg.seed + 1, mixed_precision=cfg.mixed_precision,
+                       xla=cfg.xla)
+        return [self.attention, self.mlp]
+
+    def terms(self, embedded, training):
+        block = embedded.block                                   # [B, F, k]
+        rows, held = embedded.bag_rows(self.history)
+        interest = self.attention(block[:, self.target], rows, held, training)
+        slot = block.shape[1] - len(self.cfg.bags) + self.history
+        block = tf.concat([block[:, :slot], interest[:, None], block[:, slot + 1:]], 1)
+        return [self.mlp(tf.reshape(block, [-1, block.shape[1] * block.shape[2]]),
+                         training)[:, 0]]
