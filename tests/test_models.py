@@ -353,6 +353,22 @@ def test_each_model_trains_in_a_multi_process_job(name, example, data_of, tmp_pa
 
 
 @pytest.mark.slow
+def test_bench_train_measures_the_model_named(data, tmp_path):
+    """`bench train --model`: every variant trains that model unless it names its own; the
+    reference's settings a model does not read are left out (LR reads no MLP's), and the dense
+    limit (DeepFM's MLP) is measured only beside the models whose deep part it is."""
+    (tmp_path / "v.yaml").write_text("lr: {}\nfm: {model: fm}\n")
+    run_cli("bench", "train", "--data", data / "train", "--model", "lr", "--variants",
+            tmp_path / "v.yaml", "--steps", 20, "--warmup", 5, "--repeats", 1, "--work-dir",
+            tmp_path / "w", "--json", tmp_path / "b.json")
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert b["config"]["model"] == "lr"
+    assert {n: v["model"] for n, v in b["variants"].items()} == {"lr": "lr", "fm": "fm"}
+    assert all(v["examples_per_s"] > 0 and "ratio_to_dense_limit" not in v
+               for v in b["variants"].values())
+
+
+@pytest.mark.slow
 def test_dlrm_reads_declared_numeric_fields_through_its_bottom_mlp(tmp_path):
     """Declared numeric fields (values as the data holds them) enter DLRM's bottom MLP; the
     model trains, exports and predicts what training predicted, from records."""

@@ -290,7 +290,12 @@ def _bench_commands(sub):
     p.add_argument("--work-dir", default="runs/bench-data")
     p.add_argument("--json", default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_data)
-    p = bsub.add_parser("train", help="DeepFM training examples/s vs the dense limit (reference config)")
+    from .models import MODELS
+    p = bsub.add_parser("train", help="training examples/s (DeepFM, or --model) vs the dense "
+                                      "limit (reference config)")
+    p.add_argument("--model", choices=list(MODELS), default="deepfm",
+                   help="the model every variant trains unless it names its own (`model:`); "
+                        "the reference's model settings it does not read are left out")
     p.add_argument("--data", default=None,
                    help="your own training data (directory, files or glob) instead of the "
                         "synthesized reference set")
@@ -314,7 +319,6 @@ def _bench_commands(sub):
     p.set_defaults(func=cmd_bench_train)
     p = bsub.add_parser("quality", help="test AUC/logloss per epoch of each table_updates "
                                         "(and DeepCTR's same model) on a fixed protocol")
-    from .models import MODELS
     p.add_argument("--model", choices=list(MODELS), default="deepfm",
                    help="the model ctrtrain trains, and DeepCTR where it has it (deepfm: "
                         "DeepFM, wide_deep: WDL, dcn_v2: DCN with matrix cross layers, xdeepfm, "
@@ -428,7 +432,7 @@ def cmd_bench_train(a):
             variants = yaml.safe_load(f)
     run_train_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size, steps=a.steps,
                     warmup=a.warmup, repeats=a.repeats, variants=variants, json_path=a.json,
-                    data=a.data, estimator_python=a.estimator_python)
+                    data=a.data, estimator_python=a.estimator_python, model=a.model)
 
 
 def cmd_bench_profile(a):

@@ -1,5 +1,7 @@
-"""`ctrtrain bench train`: DeepFM training throughput on the reference configuration, against
-the machine's dense limit for the same shapes.
+"""`ctrtrain bench train`: training throughput on the reference configuration, against the
+machine's dense limit for the same shapes: DeepFM's by default, any model of the family with
+`--model` (the dense limit is that of DeepFM's MLP, measured for the models whose deep part it
+is: deepfm and wide_deep).
 
 Every measured run is a fresh process (thread pools are fixed when TensorFlow starts, and
 peak RSS is per process). A run trains warm-up steps, then measured steps; the figure is the
@@ -101,6 +103,19 @@ def _run_worker(kind: str, params: dict) -> dict:
 # Run parameters _train_worker maps onto TrainConfig itself.
 _MAPPED = {"embedding_size", "deep_layers", "batch_size", "optimizer", "dropout", "table_updates",
            "feature_size", "cache", "xla", "mixed_precision", "threads"}
+# The models whose deep part is the dense limit's MLP (all fields' embeddings in, one logit).
+DENSE_LIMIT_MODELS = ("deepfm", "wide_deep")
+
+
+def model_settings(p: dict) -> dict:
+    """The reference's model settings that the run's model reads (LR has no MLP, FM no
+    dropout: a setting the model does not read is refused by name, not ignored)."""
+    from ..models import MODELS
+    reads = MODELS[p.get("model", "deepfm")].reads
+    given = {"embedding_size": p["embedding_size"], "deep_layers": tuple(p["deep_layers"]),
+             "dropout": p.get("dropout", 0.0), "xla": p.get("xla", False),
+             "mixed_precision": p.get("mixed_precision", False)}
+    return {k: v for k, v in given.items() if k in reads}
 
 
 def _train_worker(p: dict) -> dict:
@@ -111,14 +126,12 @@ def _train_worker(p: dict) -> dict:
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"train_dir", "model_dir", "steps"}
     other = {k: v for k, v in p.items() if k in fields and k not in _MAPPED}
     with tempfile.TemporaryDirectory() as md:
-        cfg = TrainConfig(**other,
-            train_dir=p["data"], model_dir=md, embedding_size=p["embedding_size"],
-            deep_layers=tuple(p["deep_layers"]), batch_size=p["batch_size"],
+        cfg = TrainConfig(**other, **model_settings(p),
+            train_dir=p["data"], model_dir=md, batch_size=p["batch_size"],
             optimizer=p["optimizer"], steps=p["warmup"] + p["steps"], log_every=p["window"],
-            dropout=p.get("dropout", 0.0), table_updates=p.get("table_updates", "auto"),
+            table_updates=p.get("table_updates", "auto"),
             feature_size=p.get("model_feature_size"),
             checkpoint_every=0, export=False, progress=False, quiet=True, cache=p.get("cache", False),
-            xla=p.get("xla", False), mixed_precision=p.get("mixed_precision", False),
             threads=ThreadConfig(**p.get("threads", {})))
         r = train(cfg)
     measured = [w for w in r["windows"] if w["step"] > p["warmup"]]
@@ -189,10 +202,12 @@ def _estimator_run(python: str, params: dict) -> dict:
 def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
                     feature_size=REFERENCE["feature_size"], steps=300, warmup=50, repeats=3,
                     variants: dict[str, dict] | None = None, json_path=None,
-                    data: str | None = None, estimator_python: str | None = None) -> dict:
+                    data: str | None = None, estimator_python: str | None = None,
+                    model: str = "deepfm") -> dict:
     """`data`: the user's own training data (a directory, files or a glob; indexed if it has
     no manifest) instead of the synthesized reference set. `estimator_python`: a python with
-    tf.estimator (TF 2.15) to measure the SageMaker sample's Estimator in the same run."""
+    tf.estimator (TF 2.15) to measure the SageMaker sample's Estimator in the same run.
+    `model`: the model every variant trains unless it names its own (`model:`)."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     field_size = 39
@@ -203,29 +218,34 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     else:
         data = prepare_reference_data(work, rows, feature_size)
     base = reference_run()
-    base.update(data=str(data), steps=steps, warmup=warmup, window=50, field_size=field_size)
+    base.update(data=str(data), steps=steps, warmup=warmup, window=50, field_size=field_size,
+                model=model)
     variants = variants or {"reference": {}}
     sparsity = _run_worker("sparsity", {"data": str(data), "batch_size": base["batch_size"]})
     print(f"data {data}: {sparsity['distinct_rows_per_batch']:,.0f} distinct table rows per "
           f"batch of {base['batch_size']}", flush=True)
     out = {"machine": describe_machine(), "data": str(data), "config": {**REFERENCE, "rows": rows,
-           "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats},
-           **sparsity, "variants": {}}
+           "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats,
+           "model": model}, **sparsity, "variants": {}}
     for name, over in variants.items():
-        runs = [_run_worker("train", {**base, **over}) for _ in range(repeats)]
-        dense = [_run_worker("dense", {**base, **over, "steps": 200, "warmup": 20})
-                 for _ in range(repeats)]
+        run = {**base, **over}
+        runs = [_run_worker("train", run) for _ in range(repeats)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        dense_med = statistics.median(d["examples_per_s"] for d in dense)
-        med.update(dense_limit_examples_per_s=dense_med,
-                   ratio_to_dense_limit=med["examples_per_s"] / dense_med,
-                   runs=[r["examples_per_s"] for r in runs], settings=over)
+        med.update(model=run["model"], runs=[r["examples_per_s"] for r in runs], settings=over)
+        limit = "dense limit: DeepFM's MLP, not this model's part"
+        if run["model"] in DENSE_LIMIT_MODELS:
+            dense = [_run_worker("dense", {**run, "steps": 200, "warmup": 20})
+                     for _ in range(repeats)]
+            dense_med = statistics.median(d["examples_per_s"] for d in dense)
+            med.update(dense_limit_examples_per_s=dense_med,
+                       ratio_to_dense_limit=med["examples_per_s"] / dense_med)
+            limit = (f"dense limit {dense_med:>9,.0f} ex/s  ratio "
+                     f"{med['ratio_to_dense_limit']:.2f}")
         out["variants"][name] = med
-        print(f"{name:24s} {med['examples_per_s']:>9,.0f} ex/s  step {med['step_ms']:6.2f} ms "
-              f"(input wait {med['input_ms']:5.2f} ms, compute {med['compute_ms']:6.2f} ms, "
-              f"input-bound {med['input_bound']:.1%})  dense limit {dense_med:>9,.0f} ex/s  "
-              f"ratio {med['ratio_to_dense_limit']:.2f}  peak RSS {med['peak_rss_mb']:,.0f} MB",
-              flush=True)
+        print(f"{name:24s} {run['model']:9s} {med['examples_per_s']:>9,.0f} ex/s  step "
+              f"{med['step_ms']:6.2f} ms (input wait {med['input_ms']:5.2f} ms, compute "
+              f"{med['compute_ms']:6.2f} ms, input-bound {med['input_bound']:.1%})  {limit}  "
+              f"peak RSS {med['peak_rss_mb']:,.0f} MB", flush=True)
     if estimator_python:
         from ..data.index import resolve_source
         m, base_dir = resolve_source(str(data))
