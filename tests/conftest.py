@@ -1,3 +1,5 @@
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -69,14 +71,29 @@ def run_cli(*args, check=True, cwd=None, env=None, timeout=600):
     return r
 
 
-def ctrtrain_here(*args):
-    """`ctrtrain ARGS` in this process: cli.main, all that the command runs but the process's
-    start and end (a new process spends ~3 s importing TensorFlow, most of a short run: issue
-    28). For runs a test reads the output of; what a user sees of a process (its exit status,
-    its messages, its end on a signal) is tested through run_cli. The trainer seeds each run
-    itself (train/sync.py), so runs in one process repeat as runs in new ones do."""
+def cli(*args):
+    """(exit status, stdout, stderr) of `ctrtrain ARGS` run in this process: cli.main, all that
+    the command runs but the process's start and end. A new process spends ~3 s of CPU
+    importing TensorFlow, most of a short run (issue 28). For runs a test reads the output
+    of, and for refusals; what only a process shows (its end on a signal, what TensorFlow's C++
+    side prints) is tested through run_cli. The trainer seeds each run itself (train/sync.py),
+    so runs in one process repeat as runs in new ones do."""
     from ctrtrain.cli import main
-    assert main([str(a) for a in args]) == 0, f"ctrtrain {' '.join(map(str, args))} failed"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:   # argparse's refusals
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def ctrtrain_here(*args) -> str:
+    """`ctrtrain ARGS` in this process (cli), which must succeed; returns its stdout."""
+    code, out, err = cli(*args)
+    assert code == 0, f"ctrtrain {' '.join(map(str, args))} failed ({code}):\n{out[-3000:]}\n" \
+                      f"{err[-3000:]}"
+    return out
 
 
 def random_rows(n=1000, f=39, feature_size=10_000, seed=0):

@@ -4,9 +4,7 @@ inputs a careless user or an adversarial tester gives them. Every case here fail
 exit status 2, with the inputs intact. Commands run in-process through the real CLI entry
 (`ctrtrain.cli.main`), so the table costs no TensorFlow start-up per case."""
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -17,18 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-
-
-def cli(*args):
-    """(exit status, stdout, stderr) of `ctrtrain ARGS` run in this process."""
-    from ctrtrain.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as e:   # argparse's refusals
-            code = e.code
-    return code, out.getvalue(), err.getvalue()
+from conftest import cli
 
 
 def refused(*args, match):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import ctrtrain_here, run_cli
 from ctrtrain.bench.cost import cost, hourly, load_prices
 from ctrtrain.bench.matrix import DEFAULTS, expand_cells, load_matrix, mode_cells
 from ctrtrain.bench.report import write_report
@@ -143,8 +143,8 @@ def deepctr_python() -> str | None:
 def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
     """The quality benchmark end to end on a small long-tailed set: ctrtrain's catchup and
     dense reference per epoch, and the real DeepCTR 0.9.4 from its own environment."""
-    run_cli("data", "synth", "--out", tmp_path / "d", "--rows", "8000", "--feature-size", "4000",
-            "--zipf", "0.7", "--processes", "1")
+    ctrtrain_here("data", "synth", "--out", tmp_path / "d", "--rows", "8000", "--feature-size", "4000",
+                  "--zipf", "0.7", "--processes", "1")
     peer = deepctr_python()
     if peer is None and os.environ.get("CTRTRAIN_REQUIRE_DEEPCTR"):
         pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")

@@ -54,10 +54,10 @@ def declared(tmp_path_factory):
     ids, an empty bag in one row of five) and a sequence field (0 to 6 ids, of which the
     hidden model uses the last 3)."""
     out = tmp_path_factory.mktemp("declared") / "data"
-    ok("data", "synth", "--out", out, "--rows", 30_000, "--feature-size", 4_000, "--seed", 2,
-       "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
-       "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--sequence-fields", 1,
-       "--sequence-len", 3, "--files-per-split", 2, "--processes", 2)
+    ctrtrain_here("data", "synth", "--out", out, "--rows", 30_000, "--feature-size", 4_000, "--seed", 2,
+                  "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
+                  "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--sequence-fields", 1,
+                  "--sequence-len", 3, "--files-per-split", 2, "--processes", 2)
     return out
 
 
@@ -195,10 +195,10 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
     assert "field_size=10" in r.stdout
     # The exported model reads the same records, as a directory or as its files.
     trained = read_probs(md / "predictions.csv")
-    ok("predict", "--model", md / "export", "--input", declared / "test", "--out", tmp_path / "p.csv")
+    ctrtrain_here("predict", "--model", md / "export", "--input", declared / "test", "--out", tmp_path / "p.csv")
     np.testing.assert_allclose(read_probs(tmp_path / "p.csv"), trained, rtol=1e-5, atol=1e-6)
     files = sorted((declared / "test").glob("*.tfrecord"))
-    ok("predict", "--model", md / "export", "--input", *files, "--out", tmp_path / "f.csv")
+    ctrtrain_here("predict", "--model", md / "export", "--input", *files, "--out", tmp_path / "f.csv")
     np.testing.assert_allclose(read_probs(tmp_path / "f.csv"), trained, rtol=1e-5, atol=1e-6)
     # A serving client may send the records themselves (no label): the same probabilities.
     np.testing.assert_allclose(served_from_examples(md / "export", files), trained,

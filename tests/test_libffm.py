@@ -172,9 +172,9 @@ def test_predict_names_a_libffm_line_the_model_cannot_read(tmp_path):
     model's fields is an error naming it, never a prediction from part of the row."""
     lines = "".join(f"{i % 2} 0:{i % 4}:1 1:{4 + i % 3}:1\n" for i in range(64))
     (tmp_path / "a.ffm").write_text(lines)
-    ok("data", "convert", tmp_path / "a.ffm", "--out", tmp_path / "d", "--shards", 1)
-    ok("train", "--train", tmp_path / "d", "--model-dir", tmp_path / "m", "--epochs", 1,
-       "--batch-size", 16)
+    ctrtrain_here("data", "convert", tmp_path / "a.ffm", "--out", tmp_path / "d", "--shards", 1)
+    ctrtrain_here("train", "--train", tmp_path / "d", "--model-dir", tmp_path / "m", "--epochs", 1,
+                  "--batch-size", 16)
     (tmp_path / "b.ffm").write_text("1 0:1:1 1:5:1\n0 0:1:1 1:5:1 1:6:1\n")
     r = ctrtrain("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "b.ffm",
                  "--out", tmp_path / "p.csv")

@@ -75,14 +75,14 @@ def test_killed_run_resumes_from_its_last_checkpoint(synth, tmp_path):
             proc.kill()
     saved = [json.loads(l)["step"] for l in metrics.read_text().splitlines()
              if json.loads(l).get("event") == "checkpoint"]
-    run_cli(*args)  # the same command again
+    ctrtrain_here(*args)  # the same command again
     result = json.loads((md / "result.json").read_text())
     assert result["resumed_from"] == max(saved) and result["step"] == 400
     starts = [json.loads(l) for l in metrics.read_text().splitlines() if '"start"' in l]
     assert starts[-1]["resumed"] is True and starts[-1]["step"] == max(saved)
     # Same data position: an uninterrupted run ends at (nearly) the same model.
-    run_cli(*train_args(root, tmp_path / "ref", "--steps", "400", "--checkpoint-every", "50",
-                        "--batch-size", "256", "--no-export"))
+    ctrtrain_here(*train_args(root, tmp_path / "ref", "--steps", "400", "--checkpoint-every", "50",
+                              "--batch-size", "256", "--no-export"))
     ref = json.loads((tmp_path / "ref" / "result.json").read_text())
     assert abs(ref["test"]["auc"] - result["test"]["auc"]) < 0.003
 
@@ -179,7 +179,7 @@ def test_bad_settings_are_named(synth, tmp_path):
     assert r.returncode == 2 and "larger than the training set" in r.stderr
     r = run_cli(*train_args(root, tmp_path / "m2", "--dropout", "1.5"), check=False)
     assert r.returncode == 2 and "drop rate" in r.stderr
-    run_cli(*train_args(root, tmp_path / "m3", "--steps", "5", "--no-export"))
+    ctrtrain_here(*train_args(root, tmp_path / "m3", "--steps", "5", "--no-export"))
     r = run_cli(*train_args(root, tmp_path / "m3", "--steps", "5", "--embedding-size", "8"), check=False)
     assert r.returncode == 2 and "embedding_size" in r.stderr
     # The default (auto) chose dense for this 5,000-row table and recorded it; another
