@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import ctrtrain_here, run_cli
+from conftest import cli, ctrtrain_here, run_cli
 
 tf = pytest.importorskip("tensorflow")
 
@@ -350,6 +350,18 @@ def test_each_model_trains_in_a_multi_process_job(name, example, data_of, tmp_pa
     assert r["step"] == 60 and r["test"]["auc"] > 0.6, r["test"]
     info = json.loads(next((tmp_path / "run").glob("**/assets.extra/ctrtrain.json")).read_text())
     assert info["model"] == name and info["mode"] == r["mode"]
+
+
+def test_bench_train_refuses_a_variant_its_model_ignores(tmp_path):
+    (tmp_path / "v.yaml").write_text("bf16: {mixed_precision: true}\n")
+    code, _, err = cli("bench", "train", "--model", "lr", "--variants", tmp_path / "v.yaml",
+                       "--work-dir", tmp_path / "w")
+    assert code == 2 and "variant bf16: mixed_precision: model lr does not use it" in err, err
+    (tmp_path / "v.yaml").write_text("x: {model: dnn}\n")
+    code, _, err = cli("bench", "train", "--variants", tmp_path / "v.yaml",
+                       "--work-dir", tmp_path / "w")
+    assert code == 2 and "variant x: model 'dnn' is not one of lr, fm" in err, err
+    assert not (tmp_path / "w").exists()     # refused before any data is made
 
 
 @pytest.mark.slow

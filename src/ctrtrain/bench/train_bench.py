@@ -109,13 +109,26 @@ DENSE_LIMIT_MODELS = ("deepfm", "wide_deep")
 
 def model_settings(p: dict) -> dict:
     """The reference's model settings that the run's model reads (LR has no MLP, FM no
-    dropout: a setting the model does not read is refused by name, not ignored)."""
+    dropout; a variant naming one its model does not read is refused: check_variants)."""
     from ..models import MODELS
     reads = MODELS[p.get("model", "deepfm")].reads
     given = {"embedding_size": p["embedding_size"], "deep_layers": tuple(p["deep_layers"]),
              "dropout": p.get("dropout", 0.0), "xla": p.get("xla", False),
              "mixed_precision": p.get("mixed_precision", False)}
     return {k: v for k, v in given.items() if k in reads}
+
+
+def check_variants(variants: dict, model: str) -> None:
+    """Refuses, before any run, a variant that names a model setting its model does not read:
+    its figure would carry a label (bf16, another MLP) the run ignored."""
+    from ..errors import ConfigError
+    from ..models import DEEP, MODELS
+    for name, over in variants.items():
+        m = over.get("model", model)
+        if m not in MODELS:
+            raise ConfigError(f"variant {name}: model {m!r} is not one of {', '.join(MODELS)}")
+        for key in sorted(set(over) & set(DEEP) - set(MODELS[m].reads)):
+            raise ConfigError(f"variant {name}: {key}: model {m} does not use it")
 
 
 def _train_worker(p: dict) -> dict:
@@ -208,6 +221,8 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     no manifest) instead of the synthesized reference set. `estimator_python`: a python with
     tf.estimator (TF 2.15) to measure the SageMaker sample's Estimator in the same run.
     `model`: the model every variant trains unless it names its own (`model:`)."""
+    variants = variants or {"reference": {}}
+    check_variants(variants, model)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     field_size = 39
@@ -220,7 +235,6 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     base = reference_run()
     base.update(data=str(data), steps=steps, warmup=warmup, window=50, field_size=field_size,
                 model=model)
-    variants = variants or {"reference": {}}
     sparsity = _run_worker("sparsity", {"data": str(data), "batch_size": base["batch_size"]})
     print(f"data {data}: {sparsity['distinct_rows_per_batch']:,.0f} distinct table rows per "
           f"batch of {base['batch_size']}", flush=True)
