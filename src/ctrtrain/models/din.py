@@ -34,30 +34,30 @@ def din_fields(fields, options) -> tuple[int, int, str, str]:
     sequences = [n for n, kind in fields if kind == "sequence"]
     categorical = [n for n, kind in fields if kind == "categorical"]
     bags = [n for n, kind in fields if kind in ("multi_hot", "sequence")]
-    history = options["din_sequence"]
     if not sequences:
         raise ConfigError("model din needs a sequence field, the user's history (docs/fields.md: "
                           "declared fields); this data declares "
                           + ("none" if not fields else ", ".join(f"{n} ({k})" for n, k in fields)))
-    if not history:
-        if len(sequences) > 1:
-            raise ConfigError(f"din_sequence: name the history among the sequence fields "
-                              f"{', '.join(sequences)}")
-        history = sequences[0]
-    elif history not in sequences:
-        raise ConfigError(f"din_sequence: {history!r} is not a sequence field of the data "
-                          f"(its sequence fields: {', '.join(sequences)})")
-    target = options["din_target"]
-    if not target:
-        named = [n for n in categorical if history in (f"hist_{n}", f"{n}_hist", f"{n}_history")]
-        if not named:
-            raise ConfigError(f"din_target: name the categorical field the history {history} is "
-                              f"weighed against (one of {', '.join(categorical) or 'none'})")
-        target = named[0]
-    elif target not in categorical:
-        raise ConfigError(f"din_target: {target!r} is not a categorical field of the data "
-                          f"(its categorical fields: {', '.join(categorical) or 'none'})")
+    history = _pick("din_sequence", options["din_sequence"], sequences, "sequence",
+                    sequences[0] if len(sequences) == 1 else None,
+                    f"name the history among the sequence fields {', '.join(sequences)}")
+    named = [n for n in categorical if history in (f"hist_{n}", f"{n}_hist", f"{n}_history")]
+    target = _pick("din_target", options["din_target"], categorical, "categorical",
+                   named[0] if named else None,
+                   f"name the categorical field the history {history} is weighed against "
+                   f"(one of {', '.join(categorical) or 'none'})")
     return categorical.index(target), bags.index(history), target, history
+
+
+def _pick(option: str, given: str, of_kind: list, kind: str, default, ask: str) -> str:
+    """The field an option names, if the data has it as `kind`; else `default` where there is
+    one; else a ConfigError asking (`ask`) for the option."""
+    if given and given not in of_kind:
+        raise ConfigError(f"{option}: {given!r} is not a {kind} field of the data (its {kind} "
+                          f"fields: {', '.join(of_kind) or 'none'})")
+    if given or default is not None:
+        return given or default
+    raise ConfigError(f"{option}: {ask}")
 
 
 class DIN(CTRModel):
