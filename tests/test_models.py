@@ -3,6 +3,7 @@ computed here from its variables; each trains, checkpoints, resumes exactly, exp
 predicts what training predicted; a setting a model does not read is refused by name."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -331,25 +332,29 @@ def test_each_model_trains_resumes_exactly_exports_and_predicts_the_same(name, d
     assert info["model"] == name
 
 
-# Each model in one of the two multi-process trainers (train/sync.py, train/ps.py), taken in
-# turn: each trainer runs tables with and without the first-order column (LR's one column
-# under parameter servers) and several kinds of block. A launch
-# costs 12-28 s of start-up on 2 cores (issue 28's budget); DeepFM runs in every mode.
-TRAINER_OF = {m: ("deepfm-parameter-server", "deepfm-allreduce")[i % 2]
-              for i, m in enumerate(MODELS)}
-
-
+# Every model in both multi-process trainers (train/sync.py, train/ps.py), on the data with a
+# history (DIN's; the others pool it as a bag): one job per trainer trains the models in turn
+# in the same processes (tests/jobs/train_each_model.py), since a launch's start-up (3 to 8
+# TensorFlow processes) costs more than training a model a few steps (issue 28's budget).
 @pytest.mark.slow
-@pytest.mark.parametrize("name,example", TRAINER_OF.items())
-def test_each_model_trains_in_a_multi_process_job(name, example, data_of, tmp_path):
+@pytest.mark.parametrize("example", ["deepfm-parameter-server", "deepfm-allreduce"])
+def test_each_model_trains_in_a_multi_process_job(example, history_data, tmp_path):
     """Real launches: 2 all-reduce workers, or 2 workers and 2 parameter servers holding the
-    table in shards. The recipe takes the model as a hyperparameter, as SageMaker passes it."""
-    from test_distributed import launch
-    r, _, _ = launch(tmp_path, example, data_of(name), hyperparameters={
-        "model": name, "steps": 60, "batch_size": 256, "learning_rate": 0.01, **small(name)})
-    assert r["step"] == 60 and r["test"]["auc"] > 0.6, r["test"]
-    info = json.loads(next((tmp_path / "run").glob("**/assets.extra/ctrtrain.json")).read_text())
-    assert info["model"] == name and info["mode"] == r["mode"]
+    table in shards, each process configured by the recipe from what the job gives it."""
+    from test_distributed import channels
+    from test_launch import alive, spec_from_example
+    runs = {m: {"steps": 60, "batch_size": 256, "learning_rate": 0.01, **small(m)} for m in MODELS}
+    run_cli("launch", spec_from_example(
+        tmp_path, example, channels=channels(history_data), hyperparameters={"runs": json.dumps(runs)},
+        entry_point={"script": str(Path(__file__).parent / "jobs" / "train_each_model.py")}),
+        timeout=900)
+    assert alive(tmp_path / "run")[1] == []    # nothing left running
+    done = json.loads((tmp_path / "run" / "model" / "runs.json").read_text())
+    assert list(done) == MODELS
+    for name, run in done.items():
+        r = run["result"]
+        assert r["step"] == 60 and r["test"]["auc"] > 0.6, (name, r["test"])
+        assert run["export"]["model"] == name and run["export"]["mode"] == r["mode"], run
 
 
 def test_bench_train_refuses_a_variant_its_model_ignores(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import tensorflow as tf
 
@@ -98,6 +99,19 @@ def logical_cpus(n: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
+@functools.cache
+def multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """This process's MultiWorkerMirroredStrategy (cluster from TF_CONFIG), made once: a second
+    one re-configures TensorFlow's collective ops, which aborts those another rank still has in
+    flight ("Delete called on non-empty BufRendezvous"), so a process that trains several
+    models in turn shares one."""
+    impl = (tf.distribute.experimental.CommunicationImplementation.NCCL
+            if tf.config.list_physical_devices("GPU")
+            else tf.distribute.experimental.CommunicationImplementation.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
+
+
 def make_runtime(mode, sparse_reduce: str = "gather", devices: int = 2, env=None) -> Runtime:
     """The runtime of a synchronous mode; `env` (ctrtrain.environment.Environment, default
     this process's) says who this process is."""
@@ -119,11 +133,7 @@ def make_runtime(mode, sparse_reduce: str = "gather", devices: int = 2, env=None
     if mode is Mode.ALLREDUCE:
         if not env.tf_config:
             raise ConfigError("mode allreduce needs TF_CONFIG (set by `ctrtrain launch` / `ctrtrain run`)")
-        impl = (tf.distribute.experimental.CommunicationImplementation.NCCL
-                if tf.config.list_physical_devices("GPU")
-                else tf.distribute.experimental.CommunicationImplementation.RING)
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
+        strategy = multi_worker_strategy()
         index, workers, chief = tf_config_rank(env.tf_config)
         return Runtime("allreduce", strategy, strategy.num_replicas_in_sync, workers, index,
                        is_chief=chief, sparse_reduce=sparse_reduce)
