@@ -1,6 +1,7 @@
 """Declared fields (data/schema.py): numeric and multi_hot fields beside categorical ones,
-from `data synth` through training, export and `ctrtrain predict`, in one process and under
-all-reduce; and what the previous release wrote still trains and predicts the same."""
+from `data synth` through training, export and `ctrtrain predict`, in one process and in
+every distribution mode (the synchronous modes' comparisons with one process are made here);
+and what the previous release wrote still trains and predicts the same."""
 
 import csv
 import json
@@ -219,15 +220,17 @@ def declared_single(declared, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example,hp", [
-    ("deepfm-allreduce", {"batch_size": 256}),
-    ("deepfm-mirrored", {"batch_size": 256, "devices": 2}),
-    ("deepfm-data-service", {"batch_size": 256}),
+    pytest.param("deepfm-allreduce", {"batch_size": 256}, marks=pytest.mark.tf215),
+    ("deepfm-allreduce", {"batch_size": 256, "sparse_reduce": "dense"}),
+    pytest.param("deepfm-mirrored", {"batch_size": 256, "devices": 2}, marks=pytest.mark.tf215),
+    pytest.param("deepfm-data-service", {"batch_size": 256}, marks=pytest.mark.tf215),
     ("horovod", {"batch_size": 256})])
 def test_declared_fields_in_synchronous_modes_match_one_process(declared, declared_single,
                                                                tmp_path, example, hp):
     """Real processes over localhost (or two devices of one), through the SageMaker recipe
-    entry: the same steps and within 0.005 AUC of one process with the same global batch.
-    Horovod's ranks run TF 2.15 (.venv-hvd)."""
+    entry: the same steps and within 0.005 AUC of one process with the same global batch,
+    with the table's gradients all-gathered or (sparse_reduce dense) all-reduced; each rank
+    reads its own files. Horovod's ranks run TF 2.15 (.venv-hvd)."""
     from test_distributed import HVD_PYTHON, launch
     python = sys.executable
     if example == "horovod":
@@ -236,11 +239,19 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
                 pytest.fail(f"{HVD_PYTHON} is missing: run scripts/horovod_env.sh")
             pytest.skip("no Horovod environment (scripts/horovod_env.sh builds it; CI does)")
         python = HVD_PYTHON
-    r, _, _ = launch(tmp_path, example, declared, python=python,
-                     hyperparameters={"epochs": 1, **hp})
-    assert r["replicas"] == 2 and r["step"] == declared_single["step"], r
+    r, job, out = launch(tmp_path, example, declared, python=python,
+                         hyperparameters={"epochs": 1, **hp})
+    assert r["replicas"] == 2 and r["global_batch"] == 512 and r["step"] == declared_single["step"], r
     assert abs(r["test"]["auc"] - declared_single["test"]["auc"]) < 0.005, \
         (r["test"], declared_single["test"])
+    mode = {"deepfm-mirrored": "mirrored", "horovod": "horovod"}.get(example, "allreduce")
+    assert r["mode"] == mode, r["mode"]
+    if example in ("deepfm-allreduce", "horovod"):       # each rank its own files
+        assert "file_shard=(2, 0)" in out and "file_shard=(2, 1)" in out
+    if example == "horovod":
+        assert "horovodrun" in job["exit_codes"]
+    if example == "deepfm-data-service":
+        assert {"dispatcher", "data_worker", "worker"} <= {p["role"] for p in job["processes"]}
 
 
 @pytest.mark.slow
