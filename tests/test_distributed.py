@@ -1,7 +1,8 @@
 """DeepFM through `ctrtrain launch` with the example specs, on synthesized data of the fixed
-schema: parameter servers (the table sharded, with and without a data-service group) within
+schema: parameter servers (the table sharded, the input from a data-service group) within
 0.005 AUC of single-process training that saw the same examples, all-reduce over uneven
-shards, and no process outliving the job. Real processes talking over localhost. The
+shards, and no process outliving the job (the default parameter-server topology, the service
+on the training hosts, is test_faults.py's). Real processes talking over localhost. The
 synchronous modes' comparisons with one process (all-reduce with either sparse reduction,
 mirrored, all-reduce fed by tf.data service, Horovod) run on declared fields
 (test_fields.py), the multi-process trainers with every model in test_models.py."""
@@ -96,7 +97,14 @@ PS_BASELINE = (256, 2)
 @pytest.mark.slow
 @pytest.mark.tf215
 def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, data, single):
-    r, job, out = launch(tmp_path, "deepfm-parameter-server", data, hyperparameters=PS_HP)
+    """Two workers and two servers, the input from a tf.data service on a data group of its own
+    (the default topology, the service on the training hosts, is test_faults.py's)."""
+    r, job, out = launch(tmp_path, "deepfm-parameter-server", data, hyperparameters=PS_HP,
+                         instance_groups=[{"name": "train", "hosts": 2, "processes_per_host": 1},
+                                          {"name": "data", "hosts": 1}],
+                         distribution={"mode": "parameter_server", "parameter_servers_per_host": 1,
+                                       "data_service": {"group": "data",
+                                                        "processing_mode": "distributed_epoch"}})
     assert "parameter-server load" in out
     ps = [v for k, v in r["ps_bytes"].items() if "/job:ps/" in k]
     assert len(ps) == 2 and max(ps) < 1.5 * min(ps)   # the table is split, not on one server
@@ -104,21 +112,8 @@ def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, da
                  .read_text().splitlines() if '"start"' in l)
     assert start["table_shards"] == 2    # a ShardedVariable, one row block per server
     assert_like_single(r, single[256, 2])
-    roles = sorted(p["role"] for p in job["processes"])
-    # 2 ps + 2 workers, and the input service on the training hosts: stopped by the launcher
-    # once the chief finished (alive() in launch()).
-    assert roles == sorted(["chief", "dispatcher", "data_worker", "data_worker", "ps", "ps",
-                            "worker", "worker"])
-
-
-@pytest.mark.slow
-def test_data_service_with_parameter_servers(tmp_path, data, single):
-    r, job, _ = launch(tmp_path, "deepfm-parameter-server", data, hyperparameters=PS_HP,
-                       instance_groups=[{"name": "train", "hosts": 2, "processes_per_host": 1},
-                                        {"name": "data", "hosts": 1}],
-                       distribution={"mode": "parameter_server", "parameter_servers_per_host": 1,
-                                     "data_service": {"group": "data",
-                                                      "processing_mode": "distributed_epoch"}})
-    assert {"dispatcher", "data_worker", "ps", "chief"} <= {p["role"] for p in job["processes"]}
-    assert not any(p["role"] == "data_worker" and p["group"] == "train" for p in job["processes"])
-    assert_like_single(r, single[256, 2])
+    # 2 ps + 2 workers, the input service on the data group only: stopped by the launcher once
+    # the chief finished (alive() in launch()).
+    roles = sorted((p["group"], p["role"]) for p in job["processes"])
+    assert [r for g, r in roles if g == "data"] == ["data_worker", "dispatcher"], roles
+    assert sorted(r for g, r in roles if g == "train") == ["chief", "ps", "ps", "worker", "worker"]

@@ -97,6 +97,10 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path, data, single):
     assert code == 0, err[-3000:]
     job = json.loads((run / "job.json").read_text())
     assert [t["label"] for t in job["tolerated_failures"]] == ["algo-2/worker/1"]
+    # The default topology: 2 ps + 2 workers, and the input service on the training hosts,
+    # stopped by the launcher once the chief finished (alive() below).
+    assert sorted(p["role"] for p in job["processes"]) == sorted(
+        ["chief", "dispatcher", "data_worker", "data_worker", "ps", "ps", "worker", "worker"])
     assert "tolerated" in out
     r = json.loads((run / "model" / "result.json").read_text())
     # Every scheduled step ran (a step in flight on the dead worker may run twice).
