@@ -94,6 +94,10 @@ def test_allreduce_uneven_shards_run_equal_steps(tmp_path, data):
 # run in four); with 0.35x it stayed within 0.0024 over 5 runs (README, docs/benchmarks.md).
 PS_HP = {"epochs": 2, "batch_size": 256, "learning_rate": 0.00035}
 PS_BASELINE = (256, 2)
+# The smallest parameter-server job: one host with the chief, a worker, a server and the input
+# service (5 TensorFlow processes, not the example's 8), for tests of what does not depend on
+# how many there are (a failure's detection, early stopping).
+PS_ONE_HOST = {"instance_groups": [{"name": "train", "hosts": 1, "processes_per_host": 1}]}
 @pytest.mark.slow
 @pytest.mark.tf215
 def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, data, single):

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import run_cli
-from test_distributed import AUC_TOLERANCE, PS_HP, channels
+from test_distributed import AUC_TOLERANCE, PS_HP, PS_ONE_HOST, channels
 from test_launch import alive, spec_from_example
 
 
@@ -170,7 +170,7 @@ def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, d
 
 
 @pytest.mark.parametrize("example,victim,over", [
-    ("deepfm-parameter-server", "algo-2/ps/1", {}),
+    ("deepfm-parameter-server", "algo-1/ps/0", PS_ONE_HOST),
     ("deepfm-data-service", "algo-3/data_worker/0", {}),
 ])
 @pytest.mark.slow

@@ -108,15 +108,15 @@ def test_a_recipe_training_longer_than_its_watchdog_finishes(tmp_path, data):
 
 @pytest.mark.slow
 def test_a_stopped_parameter_server_fails_the_job_naming_it(tmp_path, data):
-    from test_distributed import PS_HP
+    from test_distributed import PS_HP, PS_ONE_HOST
     proc, run = start(tmp_path, "deepfm-parameter-server", data,
-                      hyperparameters={**PS_HP, "epochs": 20, "log_every": 5})
+                      hyperparameters={**PS_HP, "epochs": 20, "log_every": 5}, **PS_ONE_HOST)
     wait_for(lambda: events(run, "train"), proc)
     sent = time.monotonic()
-    os.kill(pid_of(run, "algo-2/ps/1"), signal.SIGSTOP)
+    os.kill(pid_of(run, "algo-1/ps/0"), signal.SIGSTOP)
     code, out, err = finish(proc, timeout=120)
     took = time.monotonic() - sent
-    assert code == 2 and "algo-2/ps/1 has been stopped" in err, err[-3000:]
+    assert code == 2 and "algo-1/ps/0 has been stopped" in err, err[-3000:]
     assert took < 40, took        # not the watchdog's 600 s
     assert alive(run)[1] == []
     record("parameter_server: a ps SIGSTOPped", detect_s=round(took, 1), outcome="failed fast")

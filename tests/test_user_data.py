@@ -212,12 +212,13 @@ def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_pat
 
 @pytest.mark.slow
 def test_parameter_servers_honour_early_stopping_and_report_input_time(tmp_path, data):
-    from test_distributed import PS_HP, channels
+    from test_distributed import PS_HP, PS_ONE_HOST, channels
     from test_launch import spec_from_example
     ch = {**channels(data / "tf"), "validation": {"path": str(data / "tf" / "valid")}}
     hp = {**PS_HP, "epochs": 10, "log_every": 10, "eval_every": 10, "early_stopping": 2,
           "learning_rate": 0}
-    spec = spec_from_example(tmp_path, "deepfm-parameter-server", channels=ch, hyperparameters=hp)
+    spec = spec_from_example(tmp_path, "deepfm-parameter-server", channels=ch, hyperparameters=hp,
+                             **PS_ONE_HOST)
     r = run_cli("launch", spec, timeout=600)
     res = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
     assert res["stopped_early"] and res["step"] == 30 < res["total_steps"], res["step"]
