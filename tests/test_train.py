@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ctrtrain_here, run_cli
+from conftest import cli, ctrtrain_here, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -175,19 +175,19 @@ def test_options_dropout_batchnorm_mixed_precision_cache_libsvm(synth, tmp_path)
 @pytest.mark.slow
 def test_bad_settings_are_named(synth, tmp_path):
     root, _ = synth
-    r = run_cli(*train_args(root, tmp_path / "m", "--batch-size", "10000000"), check=False)
-    assert r.returncode == 2 and "larger than the training set" in r.stderr
-    r = run_cli(*train_args(root, tmp_path / "m2", "--dropout", "1.5"), check=False)
-    assert r.returncode == 2 and "drop rate" in r.stderr
+    # Refusals, made in this process (conftest cli): the exit status and message.
+    code, _, err = cli(*train_args(root, tmp_path / "m", "--batch-size", "10000000"))
+    assert code == 2 and "larger than the training set" in err
+    code, _, err = cli(*train_args(root, tmp_path / "m2", "--dropout", "1.5"))
+    assert code == 2 and "drop rate" in err
     ctrtrain_here(*train_args(root, tmp_path / "m3", "--steps", "5", "--no-export"))
-    r = run_cli(*train_args(root, tmp_path / "m3", "--steps", "5", "--embedding-size", "8"), check=False)
-    assert r.returncode == 2 and "embedding_size" in r.stderr
+    code, _, err = cli(*train_args(root, tmp_path / "m3", "--steps", "5", "--embedding-size", "8"))
+    assert code == 2 and "embedding_size" in err
     # The default (auto) chose dense for this 5,000-row table and recorded it; another
     # table_updates keeps other optimizer state: refused by name.
     assert json.loads((tmp_path / "m3" / "train_config.json").read_text())["table_updates"] == "dense"
-    r = run_cli(*train_args(root, tmp_path / "m3", "--steps", "8", "--table-updates", "lazy"),
-                check=False)
-    assert r.returncode == 2 and "table_updates='dense'" in r.stderr, r.stderr
+    code, _, err = cli(*train_args(root, tmp_path / "m3", "--steps", "8", "--table-updates", "lazy"))
+    assert code == 2 and "table_updates='dense'" in err, err
 
 
 @pytest.mark.slow
