@@ -1,7 +1,8 @@
 """Declared fields (data/schema.py): numeric and multi_hot fields beside categorical ones,
 from `data synth` through training, export and `ctrtrain predict`, in one process and in
-every distribution mode (the synchronous modes' comparisons with one process are made here);
-and what the previous release wrote still trains and predicts the same."""
+every distribution mode (the synchronous modes' comparisons with one process are made here;
+parameter servers train them with every model in test_models.py); and what the previous
+release wrote still trains and predicts the same."""
 
 import csv
 import json
@@ -47,19 +48,6 @@ def served_from_examples(export_base, files):
     serve = tf.saved_model.load(latest_export(export_base)).signatures["examples"]
     records = [r.numpy() for r in tf.data.TFRecordDataset([str(f) for f in files])]
     return serve(examples=tf.constant(records))["prob"].numpy()
-
-
-@pytest.fixture(scope="module")
-def declared(tmp_path_factory):
-    """Synthesized splits with 2 numeric, 5 categorical, 2 multi_hot fields (bags of 0 to 4
-    ids, an empty bag in one row of five) and a sequence field (0 to 6 ids, of which the
-    hidden model uses the last 3)."""
-    out = tmp_path_factory.mktemp("declared") / "data"
-    ctrtrain_here("data", "synth", "--out", out, "--rows", 30_000, "--feature-size", 4_000, "--seed", 2,
-                  "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
-                  "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--sequence-fields", 1,
-                  "--sequence-len", 3, "--files-per-split", 2, "--processes", 2)
-    return out
 
 
 def test_field_declarations_are_checked_by_name():
@@ -252,19 +240,6 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
         assert "horovodrun" in job["exit_codes"]
     if example == "deepfm-data-service":
         assert {"dispatcher", "data_worker", "worker"} <= {p["role"] for p in job["processes"]}
-
-
-@pytest.mark.slow
-def test_declared_fields_under_parameter_servers(declared, tmp_path):
-    """The table (numeric fields' rows included) split over two servers; asynchronous
-    workers train the declared fields to a useful model."""
-    from test_distributed import launch
-    r, _, _ = launch(tmp_path, "deepfm-parameter-server", declared,
-                     hyperparameters={"epochs": 2, "batch_size": 256})
-    start = next(json.loads(line) for line in (tmp_path / "run" / "checkpoints" / "metrics.jsonl")
-                 .read_text().splitlines() if '"start"' in line)
-    assert start["table_shards"] == 2
-    assert r["test"]["auc"] > 0.65, r["test"]
 
 
 def test_previous_release_data_and_models_work_unchanged(tmp_path):

@@ -1,12 +1,13 @@
-"""A job's entry point that trains several models in turn in the same processes (test_models.py):
-each with the recipe's own configuration of this process (channels, mode, data service, its
-part of the training data; recipes/deepfm.py) and the settings given for it, into a
-checkpoint directory of its own. A multi-process job costs seconds of start-up per process
-(a parameter-server job starts eight); this runs every model in one job's processes.
+"""A job's entry point that makes several training runs in turn in the same processes
+(test_models.py): each with the recipe's own configuration of this process (channels, mode,
+data service, its part of the training data; recipes/deepfm.py) and the settings given for it,
+into a checkpoint directory of its own. A multi-process job costs seconds of start-up per
+process (a parameter-server job starts eight); this trains every model in one job's processes.
 
-    --runs '{"lr": {"steps": 60, ...}, "fm": {...}}'     (hyperparameters, as SageMaker gives them)
+    --runs '{"lr": {"steps": 60, ...}, "deepfm-2-epochs": {"model": "deepfm", ...}}'
 
-The chief writes <SM_MODEL_DIR>/runs.json: each model's result.json and its export's
+A run's model is its `model` setting, else its name. The chief writes <SM_MODEL_DIR>/runs.json:
+each run's result.json, its first "start" event (metrics.jsonl) and its export's
 assets.extra/ctrtrain.json."""
 import dataclasses
 import json
@@ -25,13 +26,15 @@ def main(argv) -> None:
         hps = parse_hyperparameters([a for k, v in {"model": name, **settings}.items()
                                      for a in (f"--{k}", str(v))])
         cfg = recipe_config(env, hps)
-        cfg = dataclasses.replace(cfg, model_dir=str(Path(cfg.model_dir) / name))
-        r = train(cfg)
+        md = Path(cfg.model_dir) / name
+        r = train(dataclasses.replace(cfg, model_dir=str(md)))
         print(f"trained {name}: step {r.get('step')}", flush=True)
         if r.get("chief", True):
-            export = next(Path(r["export"]).glob("assets.extra/ctrtrain.json"))
-            out[name] = {"result": json.loads((Path(cfg.model_dir) / "result.json").read_text()),
-                         "export": json.loads(export.read_text())}
+            events = (json.loads(line) for line in (md / "metrics.jsonl").read_text().splitlines())
+            out[name] = {"result": json.loads((md / "result.json").read_text()),
+                         "start": next(e for e in events if e.get("event") == "start"),
+                         "export": json.loads(next(Path(r["export"]).glob(
+                             "assets.extra/ctrtrain.json")).read_text())}
     if out:
         (env.model_dir / "runs.json").write_text(json.dumps(out, indent=1))
 
