@@ -1,0 +1,61 @@
+"""A pytest plugin that says what each test costs in CPU, where --durations says only wall time.
+
+On 2 cores both pytest-xdist workers are busy through the suite, so its wall time is about the
+CPU its tests and their processes need over the two cores: CPU is the figure to cut (issue 28).
+Each test's CPU is this process's (tests that run the CLI in-process) plus that of the child
+processes it started and reaped (launches, CLI subprocesses), from getrusage around the test.
+
+    CTRTRAIN_CPU_LOG=cpu.jsonl PYTHONPATH=scripts bash scripts/test.sh -p pytest_cpu -n 2 --dist loadgroup
+
+appends one JSON line per test (id, wall, self and children CPU seconds) to the file and ends
+the run with the total and the 15 tests and files that cost most."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import resource
+import time
+
+import pytest
+
+LOG = "CTRTRAIN_CPU_LOG"
+
+
+def _cpu() -> tuple[float, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get(LOG)
+    wall, (own, kids) = time.monotonic(), _cpu()
+    yield
+    if path:
+        own2, kids2 = _cpu()
+        with open(path, "a") as f:     # one short line per write: workers append safely
+            f.write(json.dumps({"id": item.nodeid, "wall": round(time.monotonic() - wall, 2),
+                                "self": round(own2 - own, 2),
+                                "children": round(kids2 - kids, 2)}) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    path = os.environ.get(LOG)
+    if not path or not os.path.exists(path) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rows = [json.loads(line) for line in open(path)]
+    for r in rows:
+        r["cpu"] = r["self"] + r["children"]
+    files = collections.Counter()
+    for r in rows:
+        files[r["id"].split("::")[0]] += r["cpu"]
+    w = terminalreporter.write_line
+    w(f"== CPU seconds: {sum(r['cpu'] for r in rows):,.0f} over {len(rows)} tests ({path})")
+    for r in sorted(rows, key=lambda r: -r["cpu"])[:15]:
+        w(f"{r['cpu']:7.1f} s CPU {r['wall']:7.1f} s wall  {r['id']}")
+    w("-- by file")
+    for name, cpu in files.most_common(15):
+        w(f"{cpu:7.1f} s CPU  {name}")
