@@ -98,6 +98,8 @@ PS_BASELINE = (256, 2)
 # service (5 TensorFlow processes, not the example's 8), for tests of what does not depend on
 # how many there are (a failure's detection, early stopping).
 PS_ONE_HOST = {"instance_groups": [{"name": "train", "hosts": 1, "processes_per_host": 1}]}
+
+
 @pytest.mark.slow
 @pytest.mark.tf215
 def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, data, single):
@@ -119,5 +121,5 @@ def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, da
     # 2 ps + 2 workers, the input service on the data group only: stopped by the launcher once
     # the chief finished (alive() in launch()).
     roles = sorted((p["group"], p["role"]) for p in job["processes"])
-    assert [r for g, r in roles if g == "data"] == ["data_worker", "dispatcher"], roles
-    assert sorted(r for g, r in roles if g == "train") == ["chief", "ps", "ps", "worker", "worker"]
+    assert [role for g, role in roles if g == "data"] == ["data_worker", "dispatcher"], roles
+    assert [role for g, role in roles if g == "train"] == ["chief", "ps", "ps", "worker", "worker"]
