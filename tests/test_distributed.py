@@ -36,15 +36,21 @@ def channels(data, sharded=False):
             "test": {"path": str(data / "test")}}
 
 
-def launch(tmp_path, example, data, python=sys.executable, sharded=False, **over):
+def launch(tmp_path, example, data, python=sys.executable, sharded=False, runs=None, **over):
+    """(result.json, job.json, the launch's stdout) of EXAMPLE's job on DATA. With RUNS
+    ({name: settings}) the job's entry is tests/jobs/train_each_model.py, whose processes
+    train each run in turn, and the first is its runs.json ({name: {result, start, export}})."""
     over.setdefault("channels", channels(data, sharded))
+    if runs is not None:
+        over["entry_point"] = {"script": str(ROOT / "tests" / "jobs" / "train_each_model.py")}
+        over["hyperparameters"] = {"runs": json.dumps(runs)}
     spec = spec_from_example(tmp_path, example, **over)
     r = subprocess.run([str(python), "-m", "ctrtrain.cli", "launch", str(spec)], capture_output=True,
                        text=True, timeout=900, env={**os.environ, "CTRTRAIN_NO_PROGRESS": "1"})
     assert r.returncode == 0, f"{example} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     run = tmp_path / "run"
     assert alive(run)[1] == []  # nothing left running
-    result = json.loads((run / "model" / "result.json").read_text())
+    result = json.loads((run / "model" / ("runs.json" if runs else "result.json")).read_text())
     return result, json.loads((run / "job.json").read_text()), r.stdout
 
 

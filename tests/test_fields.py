@@ -218,8 +218,12 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
     """Real processes over localhost (or two devices of one), through the SageMaker recipe
     entry: the same steps and within 0.005 AUC of one process with the same global batch,
     with the table's gradients all-gathered or (sparse_reduce dense) all-reduced; each rank
-    reads its own files. Horovod's ranks run TF 2.15 (.venv-hvd)."""
+    reads its own files. Horovod's ranks run TF 2.15 (.venv-hvd). The jobs the model family's
+    own test does not launch (test_models.py: all-reduce, parameter servers) also train every
+    other model in turn in the same processes, in the 2.21 pass (and in Horovod's ranks)."""
+    import tensorflow as tf
     from test_distributed import HVD_PYTHON, launch
+    from test_models import assert_family_trained, family
     python = sys.executable
     if example == "horovod":
         if not HVD_PYTHON.exists():
@@ -227,8 +231,11 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
                 pytest.fail(f"{HVD_PYTHON} is missing: run scripts/horovod_env.sh")
             pytest.skip("no Horovod environment (scripts/horovod_env.sh builds it; CI does)")
         python = HVD_PYTHON
-    r, job, out = launch(tmp_path, example, declared, python=python,
-                         hyperparameters={"epochs": 1, **hp})
+    with_family = example == "horovod" or (example != "deepfm-allreduce"
+                                           and not tf.__version__.startswith("2.15"))
+    runs = {"deepfm": {"epochs": 1, **hp}, **(family(**hp) if with_family else {})}
+    done, job, out = launch(tmp_path, example, declared, python=python, runs=runs)
+    r = done["deepfm"]["result"]
     assert r["replicas"] == 2 and r["global_batch"] == 512 and r["step"] == declared_single["step"], r
     assert abs(r["test"]["auc"] - declared_single["test"]["auc"]) < 0.005, \
         (r["test"], declared_single["test"])
@@ -240,6 +247,8 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
         assert "horovodrun" in job["exit_codes"]
     if example == "deepfm-data-service":
         assert {"dispatcher", "data_worker", "worker"} <= {p["role"] for p in job["processes"]}
+    if with_family:
+        assert_family_trained(done, mode)
 
 
 def test_previous_release_data_and_models_work_unchanged(tmp_path):

@@ -3,7 +3,6 @@ computed here from its variables; each trains, checkpoints, resumes exactly, exp
 predicts what training predicted; a setting a model does not read is refused by name."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -332,37 +331,45 @@ def test_each_model_trains_resumes_exactly_exports_and_predicts_the_same(name, d
     assert info["model"] == name
 
 
+def family(**shared) -> dict:
+    """Runs for tests/jobs/train_each_model.py: every model but DeepFM (tested in every mode
+    on its own), 60 small steps each, with SHARED settings (a mode's devices, its batch)."""
+    return {m: {"steps": 60, "batch_size": 256, "learning_rate": 0.01, **shared, **small(m)}
+            for m in MODELS}
+
+
+def assert_family_trained(done: dict, mode: str) -> None:
+    """Each model of family() in DONE (runs.json) reached AUC > 0.6 in its 60 steps under
+    MODE and exported with its model and mode recorded."""
+    for name in MODELS:
+        r, export = done[name]["result"], done[name]["export"]
+        assert r["mode"] == mode and r["step"] == 60 and r["test"]["auc"] > 0.6, (name, r)
+        assert (export["model"], export["mode"]) == (name, mode), (name, export)
+
+
 # Every model in both multi-process trainers (train/sync.py, train/ps.py), on the declared
 # fields (numeric, multi-hot bags, a history: conftest's `declared`): one job per trainer
 # trains the models in turn in the same processes (tests/jobs/train_each_model.py), since a
 # launch's start-up (3 to 8 TensorFlow processes) costs more than a model's few steps (issue
 # 28's budget). The parameter-server job also trains DeepFM on them for 2 epochs, its table
-# split over both servers.
+# split over both servers. The other modes' jobs (mirrored, tf.data service, Horovod) train
+# the family beside the DeepFM they compare with one process (test_fields.py).
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["deepfm-parameter-server", "deepfm-allreduce"])
 def test_each_model_trains_in_a_multi_process_job(example, declared, tmp_path):
     """Real launches: 2 all-reduce workers, or 2 workers and 2 parameter servers holding the
     table in shards, each process configured by the recipe from what the job gives it."""
-    from test_distributed import channels
-    from test_launch import alive, spec_from_example
-    runs = {m: {"steps": 60, "batch_size": 256, "learning_rate": 0.01, **small(m)} for m in MODELS}
+    from test_distributed import launch
+    runs = family()
     if example == "deepfm-parameter-server":     # the example's asynchronous learning rate
         runs["deepfm-2-epochs"] = {"model": "deepfm", "epochs": 2, "batch_size": 256,
                                    "learning_rate": 0.00035}
-    run_cli("launch", spec_from_example(
-        tmp_path, example, channels=channels(declared), hyperparameters={"runs": json.dumps(runs)},
-        entry_point={"script": str(Path(__file__).parent / "jobs" / "train_each_model.py")}),
-        timeout=900)
-    assert alive(tmp_path / "run")[1] == []    # nothing left running
-    done = json.loads((tmp_path / "run" / "model" / "runs.json").read_text())
+    done = launch(tmp_path, example, declared, runs=runs)[0]
     assert list(done) == list(runs)
-    for name, run in done.items():
-        r, model = run["result"], runs[name].get("model", name)
-        assert run["export"]["model"] == model and run["export"]["mode"] == r["mode"], run
-        if name in MODELS:
-            assert r["step"] == 60 and r["test"]["auc"] > 0.6, (name, r["test"])
+    assert_family_trained(done, example.removeprefix("deepfm-").replace("-", "_"))
     if example == "deepfm-parameter-server":
         deepfm = done["deepfm-2-epochs"]
+        assert deepfm["export"]["model"] == "deepfm"
         assert deepfm["start"]["table_shards"] == 2     # the table (numeric rows too) split
         assert deepfm["result"]["test"]["auc"] > 0.65, deepfm["result"]["test"]
 
@@ -380,19 +387,29 @@ def test_bench_train_refuses_a_variant_its_model_ignores(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_train_measures_the_model_named(data, tmp_path):
+def test_bench_train_measures_the_model_named_and_deepctrs(data, tmp_path):
     """`bench train --model`: every variant trains that model unless it names its own; the
     reference's settings a model does not read are left out (LR reads no MLP's), and the dense
-    limit (DeepFM's MLP) is measured only beside the models whose deep part it is."""
-    (tmp_path / "v.yaml").write_text("lr: {}\nfm: {model: fm}\n")
-    run_cli("bench", "train", "--data", data / "train", "--model", "lr", "--variants",
-            tmp_path / "v.yaml", "--steps", 20, "--warmup", 5, "--repeats", 1, "--work-dir",
-            tmp_path / "w", "--json", tmp_path / "b.json")
+    limit (DeepFM's MLP) is measured only beside the models whose deep part it is. With
+    --deepctr-python, DeepCTR's implementation of each model it has (with the variant's
+    options) runs on the same rows in the same run."""
+    from test_bench import deepctr_python
+    peer = deepctr_python()
+    (tmp_path / "v.yaml").write_text("lr: {}\ndcn: {model: dcn_v2, cross_layers: 1}\n")
+    r = run_cli("bench", "train", "--data", data / "train", "--model", "lr", "--variants",
+                tmp_path / "v.yaml", "--steps", 20, "--warmup", 5, "--repeats", 1, "--work-dir",
+                tmp_path / "w", "--json", tmp_path / "b.json",
+                *(["--deepctr-python", peer] if peer else []))
     b = json.loads((tmp_path / "b.json").read_text())
     assert b["config"]["model"] == "lr"
-    assert {n: v["model"] for n, v in b["variants"].items()} == {"lr": "lr", "fm": "fm"}
+    assert {n: v["model"] for n, v in b["variants"].items()} == {"lr": "lr", "dcn": "dcn_v2"}
     assert all(v["examples_per_s"] > 0 and "ratio_to_dense_limit" not in v
                for v in b["variants"].values())
+    if peer:
+        assert "DeepCTR has no lr" in r.stdout and "deepctr" not in b["variants"]["lr"]
+        dcn = b["variants"]["dcn"]
+        assert dcn["deepctr"]["examples_per_s"] > 0 and len(dcn["deepctr"]["runs"]) == 1
+        assert dcn["ratio_to_deepctr"] == dcn["examples_per_s"] / dcn["deepctr"]["examples_per_s"]
 
 
 @pytest.mark.slow

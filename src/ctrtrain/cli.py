@@ -309,6 +309,9 @@ def _bench_commands(sub):
     p.add_argument("--estimator-python", default=None,
                    help="a python with tf.estimator (TF 2.15: .venv-hvd/bin/python) to measure "
                         "the SageMaker DeepFM sample's Estimator in the same run")
+    p.add_argument("--deepctr-python", default=None,
+                   help="python of a DeepCTR 0.9.4 environment (scripts/deepctr_env.sh prints "
+                        "it): DeepCTR's implementation of each variant's model, in the same run")
     p.add_argument("--multi-hot-fields", type=POSITIVE, default=None,
                    help="instead: the reference data beside the same data with this many of its "
                         "categorical fields made multi_hot bags, compared in ids per second")
@@ -418,9 +421,9 @@ def cmd_bench_quality(a):
 def cmd_bench_train(a):
     from .bench.train_bench import run_multi_hot_bench, run_train_bench
     if a.multi_hot_fields:
-        if a.data or a.variants or a.estimator_python:
+        if a.data or a.variants or a.estimator_python or a.deepctr_python:
             raise ConfigError("--multi-hot-fields compares two synthesized sets: without "
-                              "--data, --variants or --estimator-python")
+                              "--data, --variants, --estimator-python or --deepctr-python")
         run_multi_hot_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size,
                             fields=a.multi_hot_fields, length=a.multi_hot_len, steps=a.steps,
                             warmup=a.warmup, repeats=a.repeats, json_path=a.json)
@@ -432,7 +435,8 @@ def cmd_bench_train(a):
             variants = yaml.safe_load(f)
     run_train_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size, steps=a.steps,
                     warmup=a.warmup, repeats=a.repeats, variants=variants, json_path=a.json,
-                    data=a.data, estimator_python=a.estimator_python, model=a.model)
+                    data=a.data, estimator_python=a.estimator_python, model=a.model,
+                    deepctr_python=a.deepctr_python)
 
 
 def cmd_bench_profile(a):

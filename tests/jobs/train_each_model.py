@@ -26,6 +26,8 @@ def main(argv) -> None:
         hps = parse_hyperparameters([a for k, v in {"model": name, **settings}.items()
                                      for a in (f"--{k}", str(v))])
         cfg = recipe_config(env, hps)
+        if cfg.read_plan:     # as the recipe prints it
+            print(f"reading {cfg.read_plan}", flush=True)
         md = Path(cfg.model_dir) / name
         r = train(dataclasses.replace(cfg, model_dir=str(md)))
         print(f"trained {name}: step {r.get('step')}", flush=True)

@@ -6,6 +6,10 @@ environment's python: it imports numpy, TensorFlow and DeepCTR only, never ctrtr
 
     python deepctr_runner.py PARAMS_JSON   ->  one JSON line per epoch on stdout
 
+With params["speed"] ({"warmup": W, "steps": S}, from `ctrtrain bench train`) it trains only:
+W batches of the training array, then S more timed (one Keras `fit` each, as DeepCTR users
+train), and prints one JSON line with examples/s over the S steps.
+
 The model is built as people use DeepCTR on Criteo-style data: a field whose id never changes
 (a numeric column: one id, its value varying) is a DenseFeat of its value; every other field
 is a SparseFeat of its id, all fields sharing one table of feature_size rows (as ctrtrain's
@@ -47,19 +51,15 @@ def logloss(y, p) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def main(params: dict) -> None:
+def build(params: dict, train: dict):
+    """DeepCTR's model for params["model"] over the training arrays' fields, compiled; and
+    the function that maps a split's arrays to its inputs."""
     import tensorflow as tf
     from deepctr import models
     from deepctr.feature_column import DenseFeat, SparseFeat, get_feature_names
 
-    tf.random.set_seed(params["seed"])
-    np.random.seed(params["seed"])
-    data = {s: np.load(params[s]) for s in ("train", "valid", "test")}
-    ids, values = data["train"]["ids"], data["train"]["values"]
+    ids = train["ids"]
     constant = [bool((ids[:, f] == ids[0, f]).all()) for f in range(ids.shape[1])]
-    # A SparseFeat is its id's embedding: a categorical value other than 1 is not used.
-    sparse = ~np.array(constant)
-    ignored = float((values[:, sparse] != 1).mean()) if sparse.any() else 0.0
     columns = []
     for f, is_dense in enumerate(constant):
         if is_dense:
@@ -69,8 +69,7 @@ def main(params: dict) -> None:
                                       embedding_dim=params["embedding_size"], dtype="int64",
                                       embedding_name="table"))
 
-    def inputs(split):
-        d = data[split]
+    def inputs(d):
         return {(f"d{f}" if c else f"s{f}"): (d["values"][:, f] if c else d["ids"][:, f])
                 for f, c in enumerate(constant)}
 
@@ -104,8 +103,44 @@ def main(params: dict) -> None:
     else:
         raise SystemExit(f"DeepCTR has no {name}")
     model.compile(tf.keras.optimizers.Adam(params["learning_rate"]), "binary_crossentropy")
-    assert set(get_feature_names(columns)) == set(inputs("train"))
-    x_train, y_train = inputs("train"), data["train"]["labels"]
+    assert set(get_feature_names(columns)) == set(inputs(train))
+    # A SparseFeat is its id's embedding: a categorical value other than 1 is not used.
+    sparse = ~np.array(constant)
+    values = train["values"]
+    ignored = float((values[:, sparse] != 1).mean()) if sparse.any() else 0.0
+    return model, inputs, ignored
+
+
+def speed(params: dict, train: dict, model, inputs) -> dict:
+    """Examples/s of S timed batches after W warm-up ones (params["speed"])."""
+    batch, w, s = params["batch_size"], params["speed"]["warmup"], params["speed"]["steps"]
+    if len(train["labels"]) < (w + s) * batch:
+        raise SystemExit(f"{(w + s) * batch} training rows needed, {len(train['labels'])} given")
+
+    def fit(lo, hi):
+        part = {k: v[lo * batch:hi * batch] for k, v in train.items()}
+        model.fit(inputs(part), part["labels"], batch_size=batch, epochs=1, verbose=0,
+                  shuffle=False)
+
+    fit(0, w)
+    t0 = time.perf_counter()
+    fit(w, w + s)
+    seconds = time.perf_counter() - t0
+    return {"examples_per_s": s * batch / seconds, "step_ms": 1000 * seconds / s}
+
+
+def main(params: dict) -> None:
+    import tensorflow as tf
+    tf.random.set_seed(params["seed"])
+    np.random.seed(params["seed"])
+    splits = ("train",) if "speed" in params else ("train", "valid", "test")
+    data = {s: dict(np.load(params[s])) for s in splits}
+    model, inputs, ignored = build(params, data["train"])
+    if "speed" in params:
+        print(json.dumps({**speed(params, data["train"], model, inputs),
+                          "tensorflow": tf.__version__}), flush=True)
+        return
+    x_train, y_train = inputs(data["train"]), data["train"]["labels"]
     for epoch in range(1, params["epochs"] + 1):
         t0 = time.perf_counter()
         model.fit(x_train, y_train, batch_size=params["batch_size"], epochs=1, verbose=0,
@@ -114,7 +149,7 @@ def main(params: dict) -> None:
         out = {"epoch": epoch, "seconds": seconds, "examples_per_s": len(y_train) / seconds,
                "sparse_values_not_one": ignored}
         for split in ("valid", "test"):
-            p = model.predict(inputs(split), batch_size=8192, verbose=0)[:, 0]
+            p = model.predict(inputs(data[split]), batch_size=8192, verbose=0)[:, 0]
             y = data[split]["labels"]
             out[split] = {"auc": auc(y, p), "logloss": logloss(y, p)}
         print(json.dumps(out), flush=True)

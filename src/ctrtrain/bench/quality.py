@@ -94,12 +94,15 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
     return out
 
 
-def export_arrays(split_dir: str, out: Path) -> Path:
-    """A split as labels/ids/values arrays (read by ctrtrain's own reader) for DeepCTR."""
+def export_arrays(split_dir: str, out: Path, rows: int | None = None) -> Path:
+    """A split (its first `rows` records, in file order) as labels/ids/values arrays (read by
+    ctrtrain's own reader) for DeepCTR."""
     import numpy as np
 
     from ..input.pipeline import PipelineConfig, dataset_from_dir
     ds, _ = dataset_from_dir(split_dir, PipelineConfig(batch_size=8192), training=False)
+    if rows is not None:
+        ds = ds.unbatch().take(rows).batch(8192)
     parts = {"labels": [], "ids": [], "values": []}
     for b in ds:
         parts["labels"].append(b["label"].numpy())

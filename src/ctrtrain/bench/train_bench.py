@@ -212,15 +212,33 @@ def _estimator_run(python: str, params: dict) -> dict:
     return run_json([python, runner, json.dumps(params)], "estimator reference")[-1]
 
 
+def _deepctr_params(run: dict, feature_size: int, arrays: Path) -> dict:
+    """deepctr_runner.py's parameters for a variant's run: the same shapes, optimizer, L2,
+    the model's own options (its defaults, or the variant's), and its steps."""
+    from ..models import MODELS
+    options = {n: o.parse(run[n]) if n in run else o.default
+               for n, o in MODELS[run["model"]].options.items()}
+    return {"model": run["model"], "options": options, "train": str(arrays),
+            "feature_size": feature_size, "embedding_size": run["embedding_size"],
+            "deep_layers": list(run["deep_layers"]), "dropout": run.get("dropout", 0.0),
+            "l2": run["l2_reg"], "learning_rate": 1e-3, "batch_size": run["batch_size"],
+            "seed": 0, "speed": {"warmup": run["warmup"], "steps": run["steps"]}}
+
+
 def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
                     feature_size=REFERENCE["feature_size"], steps=300, warmup=50, repeats=3,
                     variants: dict[str, dict] | None = None, json_path=None,
                     data: str | None = None, estimator_python: str | None = None,
-                    model: str = "deepfm") -> dict:
+                    model: str = "deepfm", deepctr_python: str | None = None) -> dict:
     """`data`: the user's own training data (a directory, files or a glob; indexed if it has
     no manifest) instead of the synthesized reference set. `estimator_python`: a python with
     tf.estimator (TF 2.15) to measure the SageMaker sample's Estimator in the same run.
-    `model`: the model every variant trains unless it names its own (`model:`)."""
+    `model`: the model every variant trains unless it names its own (`model:`).
+    `deepctr_python`: a DeepCTR 0.9.4 environment's python (scripts/deepctr_env.sh) to measure
+    DeepCTR's implementation of each variant's model (the ones it has) in the same run, on the
+    same rows, trained as DeepCTR users train (Keras `fit` on arrays)."""
+    from ..errors import ConfigError
+    from .quality import DEEPCTR_MODELS
     variants = variants or {"reference": {}}
     check_variants(variants, model)
     work = Path(work_dir)
@@ -230,6 +248,12 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
         from ..data.index import resolve_source
         m, _ = resolve_source(data)
         field_size, rows, feature_size = m.field_size, m.records, m.feature_size
+        if deepctr_python and m.fields is not None:
+            raise ConfigError(f"--deepctr-python: {data} has declared fields; DeepCTR's runner "
+                              "reads the fixed schema (ids with values) only")
+    if deepctr_python and rows < (warmup + steps) * REFERENCE["batch_size"]:
+        raise ConfigError(f"--deepctr-python: DeepCTR trains {warmup} + {steps} batches of "
+                          f"{REFERENCE['batch_size']} rows once through; the data has {rows:,}")
     else:
         data = prepare_reference_data(work, rows, feature_size)
     base = reference_run()
@@ -260,6 +284,24 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
               f"{med['step_ms']:6.2f} ms (input wait {med['input_ms']:5.2f} ms, compute "
               f"{med['compute_ms']:6.2f} ms, input-bound {med['input_bound']:.1%})  {limit}  "
               f"peak RSS {med['peak_rss_mb']:,.0f} MB", flush=True)
+        if deepctr_python and run["model"] not in DEEPCTR_MODELS:
+            print(f"{'':24s} DeepCTR has no {run['model']}", flush=True)
+        elif deepctr_python:
+            arrays = work / "arrays" / f"{Path(str(data)).name}-{(warmup + steps) * run['batch_size']}.npz"
+            if not arrays.exists():
+                from .quality import export_arrays
+                arrays.parent.mkdir(parents=True, exist_ok=True)
+                export_arrays(str(data), arrays, rows=(warmup + steps) * run["batch_size"])
+            params = _deepctr_params(run, feature_size, arrays)
+            peer = [run_json([deepctr_python, str(Path(__file__).with_name("deepctr_runner.py")),
+                              json.dumps(params)], "DeepCTR")[-1] for _ in range(repeats)]
+            eps = statistics.median(r["examples_per_s"] for r in peer)
+            med.update(deepctr={"examples_per_s": eps, "runs": [r["examples_per_s"] for r in peer],
+                                "step_ms": statistics.median(r["step_ms"] for r in peer),
+                                "tensorflow": peer[0]["tensorflow"]},
+                       ratio_to_deepctr=med["examples_per_s"] / eps)
+            print(f"{'':24s} DeepCTR 0.9.4 {eps:>9,.0f} ex/s (TF {peer[0]['tensorflow']}): "
+                  f"ctrtrain {med['ratio_to_deepctr']:.2f}x", flush=True)
     if estimator_python:
         from ..data.index import resolve_source
         m, base_dir = resolve_source(str(data))
