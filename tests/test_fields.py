@@ -395,6 +395,32 @@ def test_featurize_a_history_column_as_a_sequence(movielens_csvs, tmp_path):
     assert f"history: {over} rows hold more than max_len 2 values" in r.stdout
     assert "read the last max_len" in r.stdout
     ok("data", "validate", tmp_path / "f")
+    # --share-vocab: the history's movies take movie_id's ids (DIN's history and candidate
+    # share embeddings): each row's history holds the ids of the 4 rows before it.
+    common = ["--label-column", "rating", "--label-threshold", "4", "--multi-hot", "genres",
+              "--sequence", "history", "--drop", "title,timestamp", "--min-count", "1"]
+    ok("data", "featurize", tmp_path / "train.csv", "--out", tmp_path / "s", *common,
+       "--share-vocab", "history=movie_id")
+    from ctrtrain.data.featurize import Vocabulary, featurize_file
+    vocab = Vocabulary.load(str(tmp_path / "s" / "vocab.json"))
+    assert "history" not in vocab.values and set(vocab.values["movie_id"]) == set(movies)
+    assert vocab.feature_size == json.loads(
+        (tmp_path / "s" / "manifest.json").read_text())["feature_size"] < m["feature_size"]
+    rows = next(featurize_file(str(tmp_path / "train.csv"), vocab))
+    movie = rows.columns["movie_id"]
+    lengths, flat, _ = rows.columns["history"]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for i in range(len(movie)):
+        assert list(flat[starts[i]:starts[i + 1]]) == list(movie[max(0, i - 4):i]), i
+    for args, said in [(["--share-vocab", "history=rating"], "history must be a --multi-hot or "
+                         "--sequence column and rating a categorical one"),
+                       (["--share-vocab", "history=movie_id", "--hash-buckets", 50],
+                        "not with --hash-buckets"),
+                       (["--share-vocab", "history"], "give COLUMN=OTHER_COLUMN pairs")]:
+        r = ctrtrain("data", "featurize", tmp_path / "train.csv", "--out", tmp_path / "bad",
+                     *common, *args)
+        assert r.returncode == 2 and said in r.stderr, (args, r.stderr[-800:])
+        assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow

@@ -109,6 +109,11 @@ def _data_commands(sub):
     p.add_argument("--sequence", type=_columns, action="extend", default=[], metavar="COLS",
                    help="CSV: these columns hold ordered histories (oldest first, joined by "
                         "--separator): sequence fields, the most recent --max-len kept")
+    p.add_argument("--share-vocab", type=_column_pairs, action="extend", default=[],
+                   metavar="COL=OF,...",
+                   help="a --sequence or --multi-hot column holding another (categorical) "
+                        "column's values takes that column's ids (hist_movie_id=movie_id: the "
+                        "history and the candidate share embeddings, as DIN needs)")
     p.add_argument("--max-len", type=POSITIVE, default=None,
                    help="at most this many ids per --multi-hot or --sequence field (default: "
                         "the longest in the training files)")
@@ -199,20 +204,28 @@ def _columns(text: str) -> list[str]:
     return [c for c in text.split(",") if c]
 
 
+def _column_pairs(text: str) -> list[tuple[str, str]]:
+    """`a=b,c=d` -> [(a, b), (c, d)]."""
+    pairs = [item.partition("=") for item in _columns(text)]
+    if any(not (a and sep and b) for a, sep, b in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: give COLUMN=OTHER_COLUMN pairs")
+    return [(a, b) for a, _, b in pairs]
+
+
 def cmd_featurize(a):
     from .data.featurize import featurize
     from .data.raw import ColumnRoles
     from .data.validate import describe
     if a.vocab and (a.numeric or a.multi_hot or a.sequence or a.drop or a.max_len
-                    or a.label_threshold is not None):
-        raise ConfigError("--numeric, --multi-hot, --sequence, --max-len, --drop and "
-                          "--label-threshold are the vocabulary's: give them when building it, "
-                          "not with --vocab")
+                    or a.share_vocab or a.label_threshold is not None):
+        raise ConfigError("--numeric, --multi-hot, --sequence, --share-vocab, --max-len, --drop "
+                          "and --label-threshold are the vocabulary's: give them when building "
+                          "it, not with --vocab")
     m = featurize(a.inputs, a.out, fmt=a.format, vocab_path=a.vocab, min_count=a.min_count,
                   hash_buckets=a.hash_buckets, has_label=not a.no_label,
                   label_column=a.label_column, overwrite=a.overwrite,
                   roles=ColumnRoles(tuple(a.numeric), tuple(a.multi_hot), tuple(a.drop),
-                                    a.separator, tuple(a.sequence)),
+                                    a.separator, tuple(a.sequence), tuple(a.share_vocab)),
                   label_threshold=a.label_threshold, max_len=a.max_len)
     print(describe(a.out))
     _print_longer(m)

@@ -77,25 +77,32 @@ class Vocabulary:
     def field_width(self, col: str) -> int:
         return self.hash_buckets if self.mode == "hash" else len(self.values[col]) + 1
 
+    def _owned(self) -> list[str]:
+        """The columns with ids of their own (a shared column has its categorical's)."""
+        return [c for c in self.schema.categorical + self.schema.lists
+                if c not in self.schema.shared]
+
     def bases(self) -> list[int]:
-        """The first id of each categorical then multi-valued column. Numeric columns hold
-        ids 0.. in the fixed schema; declared numeric fields need none."""
-        base, out = 0 if self.declared else len(self.schema.numeric), []
-        for c in self.schema.categorical + self.schema.lists:
-            out.append(base)
+        """The first id of each categorical then multi-valued column (a shared column's is
+        its categorical column's). Numeric columns hold ids 0.. in the fixed schema; declared
+        numeric fields need none."""
+        base, first = 0 if self.declared else len(self.schema.numeric), {}
+        for c in self._owned():
+            first[c] = base
             base += self.field_width(c)
-        return out
+        shared = self.schema.shared
+        return [first[shared.get(c, c)] for c in self.schema.categorical + self.schema.lists]
 
     @property
     def feature_size(self) -> int:
         return (0 if self.declared else len(self.schema.numeric)) + sum(
-            self.field_width(c) for c in self.schema.categorical + self.schema.lists)
+            self.field_width(c) for c in self._owned())
 
     def _local_ids(self, col: str, uniques) -> np.ndarray:
         if self.mode == "hash":
             return np.array([zlib.crc32(f"{col}\x00{u}".encode()) % self.hash_buckets
                              for u in uniques], np.int64)
-        index = self._index[col]
+        index = self._index[self.schema.shared.get(col, col)]
         return np.array([index.get(u, 0) for u in uniques], np.int64)
 
     def transform_fields(self, chunk: RawChunk):
@@ -172,13 +179,19 @@ class Vocabulary:
             problem = "no schema"
         else:
             sc = d["schema"]
+            shared = sc.get("shared", {})
             if not {"label", "numeric", "categorical"} <= set(sc) <= {
-                    "label", "numeric", "categorical", "multi_hot", "separator", "sequence"} \
+                    "label", "numeric", "categorical", "multi_hot", "separator", "sequence",
+                    "shared"} \
                     or not strs(sc["numeric"]) or not strs(sc["categorical"]) \
                     or not strs(sc.get("multi_hot", [])) or not strs(sc.get("sequence", [])) \
                     or not isinstance(sc.get("separator", "|"), str) \
                     or not isinstance(sc["label"], (str, type(None))):
                 problem = "schema needs label, numeric and categorical column names"
+            elif not isinstance(shared, dict) or any(
+                    k not in sc.get("multi_hot", []) + sc.get("sequence", [])
+                    or v not in sc["categorical"] for k, v in shared.items()):
+                problem = "shared must map multi-valued columns to categorical ones"
             elif not isinstance(d.get("max_len", {}), dict) or any(
                     not isinstance(d.get("max_len", {}).get(c), int)
                     for c in sc.get("multi_hot", []) + sc.get("sequence", [])):
@@ -196,7 +209,7 @@ class Vocabulary:
             elif not isinstance(d.get("values"), dict) or (d["mode"] == "vocab" and any(
                     not strs(d["values"].get(c))
                     for c in sc["categorical"] + sc.get("multi_hot", [])
-                    + sc.get("sequence", []))):
+                    + sc.get("sequence", []) if c not in shared)):
                 problem = "values must map every categorical column to a list of strings"
         if problem:
             raise DataError(f"not a ctrtrain vocabulary: {problem}", path=path)
@@ -222,6 +235,10 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
         return read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
                         label_column=label_column, roles=roles,
                         label_threshold=label_threshold, **kw)
+    if hash_buckets and roles.shared:
+        raise DataError("--share-vocab gives a column another's vocabulary: not with "
+                        "--hash-buckets (each hashed field has ids of its own)",
+                        path=", ".join(paths))
     if hash_buckets and not (roles.multi_hot or roles.sequence):
         for p in paths:
             schema, _ = next(read(p, chunk_rows=1))
@@ -236,7 +253,7 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
                 counts.setdefault(col, Counter()).update(dict(zip(vc.index, vc.to_numpy().tolist())))
             for j, col in enumerate(schema.lists):
                 vc = pd.Series(chunk.lists[:, j]).value_counts()
-                items = counts.setdefault(col, Counter())
+                items = counts.setdefault(schema.shared.get(col, col), Counter())
                 for cell, c in zip(vc.index, vc.to_numpy().tolist()):
                     bag = split_bag(cell, schema.separator)
                     longest[col] = max(longest.get(col, 1), len(bag))
@@ -249,7 +266,7 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
         return Vocabulary(schema, "hash", min_count, hash_buckets, max_len=lens,
                           label_threshold=label_threshold)
     values = {}
-    for col in schema.categorical + schema.lists:
+    for col in [c for c in schema.categorical + schema.lists if c not in schema.shared]:
         kept = [(v, c) for v, c in counts.get(col, Counter()).items() if c >= min_count]
         values[col] = [v for v, _ in sorted(kept, key=lambda vc: (-vc[1], vc[0]))]
     return Vocabulary(schema, "vocab", min_count, 0, values, lens, label_threshold)

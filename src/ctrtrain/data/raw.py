@@ -26,6 +26,9 @@ class RawSchema:
     multi_hot: list[str] = dataclasses.field(default_factory=list)
     separator: str = "|"
     sequence: list[str] = dataclasses.field(default_factory=list)
+    # A multi-valued column whose values are another (categorical) column's: its ids are that
+    # column's (a history of items and the candidate item share rows, as DIN needs).
+    shared: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def lists(self) -> list[str]:
@@ -62,6 +65,7 @@ class ColumnRoles:
     drop: tuple[str, ...] = ()
     separator: str = "|"
     sequence: tuple[str, ...] = ()
+    shared: tuple[tuple[str, str], ...] = ()   # (multi-valued column, categorical column)
 
 
 def infer_csv_schema(header: list[str], label: str | None = None, has_label: bool = True,
@@ -73,6 +77,7 @@ def infer_csv_schema(header: list[str], label: str | None = None, has_label: boo
     and feed the real label in as a feature."""
     for kind, cols in (("--numeric", roles.numeric), ("--multi-hot", roles.multi_hot),
                        ("--sequence", roles.sequence),
+                       ("--share-vocab", [c for pair in roles.shared for c in pair]),
                        ("--drop", roles.drop)):
         missing = [c for c in cols if c not in header]
         if missing:
@@ -96,7 +101,12 @@ def infer_csv_schema(header: list[str], label: str | None = None, has_label: boo
     categorical = [c for c in header if c not in numeric and c not in taken]
     multi_hot = [c for c in header if c in roles.multi_hot]
     sequence = [c for c in header if c in roles.sequence and c not in roles.multi_hot]
-    return RawSchema(label, numeric, categorical, multi_hot, roles.separator, sequence)
+    for col, of in roles.shared:
+        if col not in multi_hot + sequence or of not in categorical:
+            raise DataError(f"--share-vocab {col}={of}: {col} must be a --multi-hot or --sequence "
+                            f"column and {of} a categorical one", path=path, line=1)
+    return RawSchema(label, numeric, categorical, multi_hot, roles.separator, sequence,
+                     dict(roles.shared))
 
 
 def _cols(header: list[str]) -> str:
