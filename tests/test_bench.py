@@ -171,3 +171,31 @@ def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
         assert abs(a["test"]["auc"] - b["test"]["auc"]) < 0.003, (a, b)
         assert a["test"]["auc"] > 0.6
     assert "| epoch |" in r.stdout
+
+
+@pytest.mark.slow
+def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
+    """DIN in the quality benchmark: ctrtrain's and DeepCTR 0.9.4's on the same declared
+    fields (numeric, categorical, a bag and a history), the target named by the variant's
+    setting (synth's history S1 names none) and passed on to DeepCTR's run."""
+    ctrtrain_here("data", "synth", "--out", tmp_path / "d", "--rows", "6000", "--feature-size",
+                  "2000", "--categorical-fields", "5", "--multi-hot-fields", "1",
+                  "--multi-hot-len", "3", "--multi-hot-vocab", "200", "--sequence-fields", "1",
+                  "--sequence-len", "3", "--processes", "1")
+    peer = deepctr_python()
+    if peer is None and os.environ.get("CTRTRAIN_REQUIRE_DEEPCTR"):
+        pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")
+    run_cli("bench", "quality", "--model", "din", "--data", f"small={tmp_path / 'd'}",
+            "--epochs", "1", "--variants", "auto:din_target=C1", "--batch-size", "256",
+            "--work-dir", tmp_path / "w", "--json", tmp_path / "q.json",
+            *(["--deepctr-python", peer] if peer else []), timeout=900)
+    runs = json.loads((tmp_path / "q.json").read_text())["sets"]["small"]["runs"]
+    assert set(runs) == {"ctrtrain auto:din_target=C1"} | ({"deepctr"} if peer else set())
+    for name, epochs in runs.items():
+        assert [e["epoch"] for e in epochs] == [1], name
+        assert all(0 < e[s]["auc"] < 1 for e in epochs for s in ("valid", "test")), name
+    if peer:    # DeepCTR's DIN saw the declared fields, the history weighed against C1 (s0)
+        columns = runs["deepctr"][0]["columns"]
+        assert columns["C1"] == "SparseFeat s0" and columns["I1"] == "DenseFeat d0"
+        assert columns["M1"].startswith("VarLenSparseFeat b")
+        assert columns["S1"] == "VarLenSparseFeat hist_s0"

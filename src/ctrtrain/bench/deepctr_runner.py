@@ -1,6 +1,6 @@
 """DeepCTR's implementation of a ctrtrain model (params["model"]: deepfm -> DeepFM, wide_deep
 -> WDL, dcn_v2 -> DCN with matrix cross layers, as DeepCTR builds DCN-v2, xdeepfm -> xDeepFM,
-autoint -> AutoInt) on a data set exported by `ctrtrain bench quality`, in DeepCTR's own
+autoint -> AutoInt, din -> DIN) on a data set exported by `ctrtrain bench quality`, in DeepCTR's own
 environment (scripts/deepctr_env.sh: deepctr 0.9.4 on tf-keras). Run by path with that
 environment's python: it imports numpy, TensorFlow and DeepCTR only, never ctrtrain.
 
@@ -15,6 +15,14 @@ The model is built as people use DeepCTR on Criteo-style data: a field whose id 
 is a SparseFeat of its id, all fields sharing one table of feature_size rows (as ctrtrain's
 model does), with DeepCTR's dense (whole-table) L2 and Keras 2's dense Adam. DeepCTR's DCN
 adds a linear part over the ids, which the paper's DCN-v2 (and ctrtrain's) has not.
+
+Declared fields (the arrays' `fields`, docs/fields.md) are DeepCTR's own column types, still
+on the one shared table: a categorical field (and a bucketized numeric field's bucket id) a
+SparseFeat, a numeric field a DenseFeat of its value, a multi_hot or sequence field a
+VarLenSparseFeat pooled as declared, and for DIN the history a VarLenSparseFeat
+"hist_<target>" that DIN weighs against the target (params["options"]: din_target,
+din_sequence, resolved by ctrtrain). Every id is shifted by one: row 0 is DeepCTR's padding
+(its sequence embeddings mask id 0), where ctrtrain pads bags with -1.
 """
 
 from __future__ import annotations
@@ -51,12 +59,10 @@ def logloss(y, p) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-def build(params: dict, train: dict):
-    """DeepCTR's model for params["model"] over the training arrays' fields, compiled; and
-    the function that maps a split's arrays to its inputs."""
-    import tensorflow as tf
-    from deepctr import models
-    from deepctr.feature_column import DenseFeat, SparseFeat, get_feature_names
+def fixed_columns(params: dict, train: dict):
+    """The fixed schema's columns (module doc), the function that maps a split's arrays to
+    their inputs, and what the run records about them."""
+    from deepctr.feature_column import DenseFeat, SparseFeat
 
     ids = train["ids"]
     constant = [bool((ids[:, f] == ids[0, f]).all()) for f in range(ids.shape[1])]
@@ -73,11 +79,86 @@ def build(params: dict, train: dict):
         return {(f"d{f}" if c else f"s{f}"): (d["values"][:, f] if c else d["ids"][:, f])
                 for f, c in enumerate(constant)}
 
+    # A SparseFeat is its id's embedding: a categorical value other than 1 is not used.
+    sparse = ~np.array(constant)
+    values = train["values"]
+    ignored = float((values[:, sparse] != 1).mean()) if sparse.any() else 0.0
+    return columns, inputs, {"sparse_values_not_one": ignored}
+
+
+def declared_columns(params: dict, fields: list):
+    """Columns of declared fields (module doc) in field order, the function that maps a
+    split's arrays (ids, numeric, bag_ids as ctrtrain's batches lay them out) to their inputs,
+    and what the run records: each field's column."""
+    from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
+
+    def sparse(name):       # one table for all, as ctrtrain's; row 0 the padding
+        return SparseFeat(name, vocabulary_size=params["feature_size"] + 1,
+                          embedding_dim=params["embedding_size"], dtype="int64",
+                          embedding_name="table")
+
+    categorical = [f["name"] for f in fields if f["kind"] == "categorical"]
+    target = history = None
+    if params.get("model") == "din":
+        target, history = params["options"]["din_target"], params["options"]["din_sequence"]
+        if target not in categorical or history not in [
+                f["name"] for f in fields if f["kind"] == "sequence"]:
+            raise SystemExit(f"DIN: din_target {target!r} must be a categorical field and "
+                             f"din_sequence {history!r} a sequence field of the data")
+    bucket = len(categorical)     # the bucket ids follow the categorical ids in `ids`
+    numeric = bag = 0
+    taken, described = [], {}     # (column, array, where in it); field -> its columns
+    for f in fields:
+        name, kind, start = f["name"], f["kind"], len(taken)
+        if kind == "categorical":
+            taken.append((sparse(f"s{categorical.index(name)}"), "ids", categorical.index(name)))
+        elif kind == "numeric":
+            taken.append((DenseFeat(f"d{numeric}", 1), "numeric", numeric))
+            numeric += 1
+            if f.get("boundaries"):
+                taken.append((sparse(f"s{bucket}"), "ids", bucket))
+                bucket += 1
+        else:
+            span = slice(bag, bag + f["max_len"])
+            bag += f["max_len"]
+            if f.get("weighted"):
+                # DeepCTR's weighted mean divides by the count of ids, not the weights' sum.
+                raise SystemExit(f"{name}: DeepCTR does not pool weighted bags as ctrtrain")
+            if name == history:     # DIN finds it by this name; pooled by its attention
+                column = sparse(f"hist_s{categorical.index(target)}")
+            elif f["pooling"] in ("sum", "mean"):
+                column = sparse(f"b{span.start}")
+            else:
+                raise SystemExit(f"{name}: DeepCTR has no {f['pooling']} pooling (sum, mean)")
+            taken.append((VarLenSparseFeat(column, f["max_len"], combiner=f["pooling"]),
+                          "bag_ids", span))
+        described[name] = ", ".join(f"{type(c).__name__} {c.name}" for c, _, _ in taken[start:])
+
+    def inputs(d):
+        # Ids +1: 0 is DeepCTR's padding (ctrtrain's -1); values as they are.
+        return {c.name: d[key][:, where] if key == "numeric" else d[key][:, where] + 1
+                for c, key, where in taken}
+
+    return [c for c, _, _ in taken], inputs, {"columns": described}
+
+
+def build(params: dict, train: dict, fields: list | None = None):
+    """DeepCTR's model for params["model"] over the training arrays' fields (`fields`: the
+    declared ones, None for the fixed schema), compiled; the function that maps a split's
+    arrays to its inputs; and what the run records about the columns."""
+    import tensorflow as tf
+    from deepctr import models
+    from deepctr.feature_column import get_feature_names
+
+    name = params.get("model", "deepfm")
+    if fields is None and name == "din":
+        raise SystemExit("DeepCTR's DIN needs declared fields with a history (docs/fields.md)")
+    columns, inputs, facts = (fixed_columns(params, train) if fields is None
+                              else declared_columns(params, fields))
     half = params["l2"] / 2    # ctrtrain's l2 is the sample's l2 * l2_loss(w) = l2/2 * sum(w^2)
     common = dict(dnn_hidden_units=tuple(params["deep_layers"]), l2_reg_linear=half,
                   l2_reg_embedding=half, l2_reg_dnn=half, dnn_dropout=params["dropout"],
                   seed=params["seed"], task="binary")
-    name = params.get("model", "deepfm")
     if name == "deepfm":
         model = models.DeepFM(columns, columns, **common)
     elif name == "wide_deep":
@@ -100,15 +181,21 @@ def build(params: dict, train: dict):
                                att_embedding_size=o["attention_size"],
                                att_head_num=o["attention_heads"], att_res=o["attention_residual"],
                                **common)
+    elif name == "din":
+        # No linear part (DIN has none). The paper's and ctrtrain's unnormalized attention
+        # weights (no softmax), Dice in the activation unit and ReLU in the MLP: DeepCTR's
+        # defaults, stated so that a change of them shows here.
+        del common["l2_reg_linear"]
+        target = [c.name[len("hist_"):] for c in columns if c.name.startswith("hist_")]
+        model = models.DIN(columns, target,
+                           att_hidden_size=tuple(params["options"]["din_attention_units"]),
+                           att_activation="dice", att_weight_normalization=False,
+                           dnn_activation="relu", **common)
     else:
         raise SystemExit(f"DeepCTR has no {name}")
     model.compile(tf.keras.optimizers.Adam(params["learning_rate"]), "binary_crossentropy")
     assert set(get_feature_names(columns)) == set(inputs(train))
-    # A SparseFeat is its id's embedding: a categorical value other than 1 is not used.
-    sparse = ~np.array(constant)
-    values = train["values"]
-    ignored = float((values[:, sparse] != 1).mean()) if sparse.any() else 0.0
-    return model, inputs, ignored
+    return model, inputs, facts
 
 
 def speed(params: dict, train: dict, model, inputs) -> dict:
@@ -135,7 +222,10 @@ def main(params: dict) -> None:
     np.random.seed(params["seed"])
     splits = ("train",) if "speed" in params else ("train", "valid", "test")
     data = {s: dict(np.load(params[s])) for s in splits}
-    model, inputs, ignored = build(params, data["train"])
+    # Declared fields ride in the arrays as a JSON string (quality.export_arrays), not a column.
+    fields = [d.pop("fields", None) for d in data.values()][0]
+    model, inputs, facts = build(params, data["train"],
+                                 None if fields is None else json.loads(str(fields)))
     if "speed" in params:
         print(json.dumps({**speed(params, data["train"], model, inputs),
                           "tensorflow": tf.__version__}), flush=True)
@@ -147,7 +237,7 @@ def main(params: dict) -> None:
                   shuffle=True)
         seconds = time.perf_counter() - t0
         out = {"epoch": epoch, "seconds": seconds, "examples_per_s": len(y_train) / seconds,
-               "sparse_values_not_one": ignored}
+               **facts}
         for split in ("valid", "test"):
             p = model.predict(inputs(data[split]), batch_size=8192, verbose=0)[:, 0]
             y = data[split]["labels"]

@@ -3,7 +3,9 @@
 Each data set (a directory with train/, valid/ and test/ data directories) is trained for a
 fixed number of epochs by every variant: ctrtrain with each `table_updates` (catchup, lazy,
 dense: the dense reference), and DeepCTR 0.9.4's implementation of the same model (`--model`:
-DeepFM by default; DEEPCTR_MODELS) when its environment is there (scripts/deepctr_env.sh).
+DeepFM by default; DEEPCTR_MODELS) when its environment is there (scripts/deepctr_env.sh), on
+the same fields (declared ones too: DIN's history and target as ctrtrain's DIN picks them) and
+with the model options the variants train with (`auto:din_target=C1`).
 After every epoch each variant's model is evaluated on the validation and the test split
 (AUC, logloss); the figure a run is judged by is the test AUC at the epoch
 with the best validation AUC (early stopping on validation, keeping the best epoch). Every run
@@ -33,8 +35,8 @@ CONFIG = {"embedding_size": 16, "deep_layers": [256, 128, 64], "dropout": 0.5,
 VARIANTS = ("auto", *TABLE_UPDATES)     # auto: the default, as a user gets it
 LONG_TAIL = {"rows": 500_000, "feature_size": 200_000, "zipf": 0.7}
 BAR = 0.002    # the default's (and catchup's) test AUC may trail dense's by at most this
-# ctrtrain's models DeepCTR also has (deepctr_runner.py builds them): LR and FM it has not.
-DEEPCTR_MODELS = ("deepfm", "wide_deep", "dcn_v2", "xdeepfm", "autoint")
+# ctrtrain's models DeepCTR also has (deepctr_runner.py builds them): LR, FM and DLRM it has not.
+DEEPCTR_MODELS = ("deepfm", "wide_deep", "dcn_v2", "xdeepfm", "autoint", "din")
 
 
 def long_tail_data(work: Path) -> Path:
@@ -60,6 +62,26 @@ def variant_settings(variant: str) -> dict:
             raise ConfigError(f"variant {variant!r}: {item!r} is not key=value")
         raw[key.strip()] = value.strip()
     return settings_from_mapping(raw, f"variant {variant!r}")
+
+
+def peer_options(model: str, variants, schema) -> dict:
+    """The model's options for DeepCTR's one run: those every variant trains with (the
+    defaults, or the variants' own settings, which must then agree); for din, the history and
+    target resolved from the data's declared fields (`schema`) as ctrtrain's DIN resolves them."""
+    from ..errors import ConfigError
+    defaults = {n: o.default for n, o in MODELS[model].options.items()}
+    chosen = [{**defaults, **{k: v for k, v in variant_settings(v).items() if k in defaults}}
+              for v in variants] or [defaults]
+    if any(c != chosen[0] for c in chosen):
+        raise ConfigError(f"--deepctr-python: the variants train {model} with different options "
+                          f"({', '.join(variants)}); DeepCTR's one run needs the same for all")
+    options = chosen[0]
+    if model == "din":
+        from ..models.din import din_fields
+        *_, target, history = din_fields(
+            [(f.name, f.kind) for f in schema.fields] if schema else [], options)
+        options.update(din_target=target, din_sequence=history)
+    return options
 
 
 def _ctrtrain_worker(p: dict) -> list[dict]:
@@ -96,19 +118,25 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
 
 def export_arrays(split_dir: str, out: Path, rows: int | None = None) -> Path:
     """A split (its first `rows` records, in file order) as labels/ids/values arrays (read by
-    ctrtrain's own reader) for DeepCTR."""
+    ctrtrain's own reader) for DeepCTR; with declared fields also its numeric and bag_ids
+    arrays (docs/fields.md, "Batches and serving") and `fields`, the declaration as JSON."""
     import numpy as np
 
     from ..input.pipeline import PipelineConfig, dataset_from_dir
-    ds, _ = dataset_from_dir(split_dir, PipelineConfig(batch_size=8192), training=False)
+    ds, m = dataset_from_dir(split_dir, PipelineConfig(batch_size=8192), training=False)
     if rows is not None:
         ds = ds.unbatch().take(rows).batch(8192)
-    parts = {"labels": [], "ids": [], "values": []}
+    keys = {"labels": "label", "ids": "ids", "values": "values", "numeric": "numeric",
+            "bag_ids": "bag_ids"}      # array: batch key (the last two with declared fields)
+    parts: dict[str, list] = {}
     for b in ds:
-        parts["labels"].append(b["label"].numpy())
-        parts["ids"].append(b["ids"].numpy())
-        parts["values"].append(b["values"].numpy())
-    np.savez(out, **{k: np.concatenate(v) for k, v in parts.items()})
+        for k, key in keys.items():
+            if key in b:
+                parts.setdefault(k, []).append(b[key].numpy())
+    arrays = {k: np.concatenate(v) for k, v in parts.items()}
+    if m.fields is not None:    # a 0-d string array: np.load reads it without pickle
+        arrays["fields"] = np.array(json.dumps(m.schema.to_json()))
+    np.savez(out, **arrays)
     return out
 
 
@@ -140,6 +168,9 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
         manifests = {s: resolve_source(d)[0] for s, d in splits.items()}
         for variant in variants:
             variant_settings(variant)  # likewise
+        peer = deepctr_python and model in DEEPCTR_MODELS
+        if peer:    # likewise: what DeepCTR's run trains with
+            options = peer_options(model, variants, manifests["train"].schema)
         results = {}
         for variant in variants:
             params = {**config, **splits, "epochs": epochs, "variant": variant}
@@ -149,10 +180,11 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
                 f"ctrtrain {variant}", timeout=6 * 3600)
         if deepctr_python and model not in DEEPCTR_MODELS:
             print(f"[{name}] DeepCTR has no {model}: no peer run", flush=True)
-        elif deepctr_python:
+        elif peer:
             arrays = work / "arrays" / name.replace(" ", "-")
             arrays.mkdir(parents=True, exist_ok=True)
-            params = {**config, "epochs": epochs, "feature_size": manifests["train"].feature_size}
+            params = {**config, "options": options, "epochs": epochs,
+                      "feature_size": manifests["train"].feature_size}
             for s, d in splits.items():
                 params[s] = str(export_arrays(d, arrays / f"{s}.npz"))
             print(f"[{name}] DeepCTR 0.9.4 {model} ...", flush=True)
