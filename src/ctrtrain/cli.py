@@ -338,7 +338,7 @@ def _bench_commands(sub):
     p.add_argument("--model", choices=list(MODELS), default="deepfm",
                    help="the model ctrtrain trains, and DeepCTR where it has it (deepfm: "
                         "DeepFM, wide_deep: WDL, dcn_v2: DCN with matrix cross layers, xdeepfm, "
-                        "autoint)")
+                        "autoint, din)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=DIR",
                    help="a data set: DIR holds train/, valid/ and test/ (repeatable; default: "
                         "a synthetic long-tail set made in --work-dir)")
