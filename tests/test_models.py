@@ -414,6 +414,22 @@ def test_bench_train_measures_the_model_named_and_deepctrs(data, tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_train_measures_din_beside_deepctrs_on_declared_fields(history_data, tmp_path):
+    """DIN's speed on declared fields with a history, and DeepCTR's DIN on the same rows, its
+    target the one ctrtrain's DIN trains with (--variants: din_target)."""
+    from test_bench import deepctr_python
+    peer = deepctr_python()
+    if peer is None:
+        pytest.skip("no DeepCTR environment (scripts/deepctr_env.sh)")
+    (tmp_path / "v.yaml").write_text("din: {din_target: C1, din_attention_units: '8'}\n")
+    run_cli("bench", "train", "--data", history_data / "train", "--model", "din", "--variants",
+            tmp_path / "v.yaml", "--steps", 4, "--warmup", 2, "--repeats", 1, "--work-dir",
+            tmp_path / "w", "--json", tmp_path / "b.json", "--deepctr-python", peer)
+    din = json.loads((tmp_path / "b.json").read_text())["variants"]["din"]
+    assert din["examples_per_s"] > 0 and din["deepctr"]["examples_per_s"] > 0
+
+
+@pytest.mark.slow
 def test_dlrm_reads_declared_numeric_fields_through_its_bottom_mlp(tmp_path):
     """Declared numeric fields (values as the data holds them) enter DLRM's bottom MLP; the
     model trains, exports and predicts what training predicted, from records."""

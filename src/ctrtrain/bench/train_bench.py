@@ -12,6 +12,7 @@ spent waiting for input (input-bound %) reported separately from compute.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import resource
@@ -135,9 +136,12 @@ def _train_worker(p: dict) -> dict:
     from ..train import train
     from ..train.config import TrainConfig
     from ..train.threads import ThreadConfig
-    # Other training settings a variant names (l2_reg, adam_epsilon, ...) as they are.
+    from ..train.config import settings_from_mapping
+    # Other training settings a variant names (l2_reg, adam_epsilon, a model's options), parsed
+    # as a config file's (din_attention_units: "8" or [8]).
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"train_dir", "model_dir", "steps"}
-    other = {k: v for k, v in p.items() if k in fields and k not in _MAPPED}
+    other = settings_from_mapping({k: v for k, v in p.items() if k in fields and k not in _MAPPED},
+                                  "variant")
     with tempfile.TemporaryDirectory() as md:
         cfg = TrainConfig(**other, **model_settings(p),
             train_dir=p["data"], model_dir=md, batch_size=p["batch_size"],
@@ -212,12 +216,17 @@ def _estimator_run(python: str, params: dict) -> dict:
     return run_json([python, runner, json.dumps(params)], "estimator reference")[-1]
 
 
-def _deepctr_params(run: dict, feature_size: int, arrays: Path) -> dict:
+def _deepctr_params(run: dict, feature_size: int, arrays: Path, schema) -> dict:
     """deepctr_runner.py's parameters for a variant's run: the same shapes, optimizer, L2,
-    the model's own options (its defaults, or the variant's), and its steps."""
+    the model's own options (its defaults, or the variant's; DIN's history and target as
+    ctrtrain's DIN picks them from the data's declared fields, `schema`), and its steps."""
     from ..models import MODELS
     options = {n: o.parse(run[n]) if n in run else o.default
                for n, o in MODELS[run["model"]].options.items()}
+    if run["model"] == "din":
+        from ..models.din import din_fields
+        *_, options["din_target"], options["din_sequence"] = din_fields(
+            [(f.name, f.kind) for f in schema.fields] if schema else [], options)
     return {"model": run["model"], "options": options, "train": str(arrays),
             "feature_size": feature_size, "embedding_size": run["embedding_size"],
             "deep_layers": list(run["deep_layers"]), "dropout": run.get("dropout", 0.0),
@@ -243,19 +252,17 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     check_variants(variants, model)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    field_size = 39
+    field_size, schema = 39, None
     if data:
         from ..data.index import resolve_source
         m, _ = resolve_source(data)
-        field_size, rows, feature_size = m.field_size, m.records, m.feature_size
-        if deepctr_python and m.fields is not None:
-            raise ConfigError(f"--deepctr-python: {data} has declared fields; DeepCTR's runner "
-                              "reads the fixed schema (ids with values) only")
+        field_size, rows, feature_size, schema = (m.field_size, m.records, m.feature_size,
+                                                  m.schema)
+    else:
+        data = prepare_reference_data(work, rows, feature_size)
     if deepctr_python and rows < (warmup + steps) * REFERENCE["batch_size"]:
         raise ConfigError(f"--deepctr-python: DeepCTR trains {warmup} + {steps} batches of "
                           f"{REFERENCE['batch_size']} rows once through; the data has {rows:,}")
-    else:
-        data = prepare_reference_data(work, rows, feature_size)
     base = reference_run()
     base.update(data=str(data), steps=steps, warmup=warmup, window=50, field_size=field_size,
                 model=model)
@@ -287,12 +294,14 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
         if deepctr_python and run["model"] not in DEEPCTR_MODELS:
             print(f"{'':24s} DeepCTR has no {run['model']}", flush=True)
         elif deepctr_python:
-            arrays = work / "arrays" / f"{Path(str(data)).name}-{(warmup + steps) * run['batch_size']}.npz"
+            # Made once per data set (its path's hash: two sets may share a directory name).
+            key = hashlib.sha1(str(Path(str(data)).resolve()).encode()).hexdigest()[:12]
+            arrays = work / "arrays" / f"{key}-{(warmup + steps) * run['batch_size']}.npz"
             if not arrays.exists():
                 from .quality import export_arrays
                 arrays.parent.mkdir(parents=True, exist_ok=True)
                 export_arrays(str(data), arrays, rows=(warmup + steps) * run["batch_size"])
-            params = _deepctr_params(run, feature_size, arrays)
+            params = _deepctr_params(run, feature_size, arrays, schema)
             peer = [run_json([deepctr_python, str(Path(__file__).with_name("deepctr_runner.py")),
                               json.dumps(params)], "DeepCTR")[-1] for _ in range(repeats)]
             eps = statistics.median(r["examples_per_s"] for r in peer)
