@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import resource
 import statistics
@@ -95,6 +96,12 @@ def batch_stats(data: str, batch_size: int, batches: int = 20) -> dict:
             "ids_per_example": float(np.mean(ids))}
 
 
+def window(warmup: int) -> int:
+    """Steps per logged window: a divisor of `warmup`, so that the measured windows (those
+    after it) hold no warm-up step, the first one's tracing above all."""
+    return math.gcd(warmup, 50) if warmup else 50
+
+
 def _run_worker(kind: str, params: dict) -> dict:
     """One measured run in a fresh Python process; returns its JSON result."""
     return run_json([sys.executable, "-m", "ctrtrain.bench.train_bench", kind,
@@ -153,6 +160,7 @@ def _train_worker(p: dict) -> dict:
         r = train(cfg)
     measured = [w for w in r["windows"] if w["step"] > p["warmup"]]
     steps = sum(w["steps"] for w in measured)
+    assert steps == p["steps"], (steps, p)     # no warm-up step in the figure (window())
     secs = sum(w["seconds"] for w in measured)
     wait = sum(w["input_wait_s"] for w in measured)
     comp = sum(w["compute_s"] for w in measured)
@@ -264,7 +272,8 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
         raise ConfigError(f"--deepctr-python: DeepCTR trains {warmup} + {steps} batches of "
                           f"{REFERENCE['batch_size']} rows once through; the data has {rows:,}")
     base = reference_run()
-    base.update(data=str(data), steps=steps, warmup=warmup, window=50, field_size=field_size,
+    base.update(data=str(data), steps=steps, warmup=warmup, window=window(warmup),
+                field_size=field_size,
                 model=model)
     sparsity = _run_worker("sparsity", {"data": str(data), "batch_size": base["batch_size"]})
     print(f"data {data}: {sparsity['distinct_rows_per_batch']:,.0f} distinct table rows per "
@@ -346,7 +355,7 @@ def run_multi_hot_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
             f"multi-hot {fields}x{length}": prepare_multi_hot_data(work, rows, feature_size,
                                                                  fields, length)}
     base = reference_run()
-    base.update(steps=steps, warmup=warmup, window=50)
+    base.update(steps=steps, warmup=warmup, window=window(warmup))
     out = {"machine": describe_machine(), "config": {**REFERENCE, "rows": rows,
            "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats,
            "multi_hot_fields": fields, "multi_hot_len": length}, "sets": {}}
