@@ -10,6 +10,8 @@ updates them densely) and `penalized()` the kernels the model's l2_dense applies
 
 from __future__ import annotations
 
+import itertools
+
 import tensorflow as tf
 
 
@@ -204,7 +206,7 @@ class CrossNetwork(tf.Module):
 
     def __init__(self, width: int, layers: int, rank: int = 0, seed: int = 0, name="cross"):
         super().__init__(name=name)
-        glorot = tf.initializers.GlorotUniform(seed=seed)
+        glorot = glorot_each(seed)
         self.rank = rank
         if rank:
             self.u = [tf.Variable(glorot((width, rank)), name=f"u_{i}") for i in range(layers)]
@@ -270,6 +272,14 @@ class CIN(tf.Module):
         return tf.concat(pooled, 1)
 
 
+def glorot_each(seed: int):
+    """Glorot-uniform initial values, different at every call: a seeded initializer gives
+    the same values each time it is called, so variables of one shape made with one start
+    equal (AutoInt's W_Q, W_K, W_V and W_res, DCN-v2's cross layers)."""
+    calls = itertools.count(seed * 1024)      # blocks' seeds differ by 1: far apart here
+    return lambda shape: tf.initializers.GlorotUniform(seed=next(calls))(shape)
+
+
 class SelfAttention(tf.Module):
     """AutoInt's interacting layer (Song et al., 2019, eqs. 5-8): multi-head self-attention
     over the fields, softmax(<W_Q e_m, W_K e_k>) without scaling (as the paper, DeepCTR and
@@ -279,7 +289,7 @@ class SelfAttention(tf.Module):
     def __init__(self, width: int, heads: int, size: int, residual: bool = True, seed: int = 0,
                  name="attention"):
         super().__init__(name=name)
-        glorot = tf.initializers.GlorotUniform(seed=seed)
+        glorot = glorot_each(seed)
         self.heads, self.size = heads, size
         self.query, self.key, self.value = (tf.Variable(glorot((width, heads * size)), name=n)
                                             for n in ("w_query", "w_key", "w_value"))
