@@ -12,7 +12,6 @@ spent waiting for input (input-bound %) reported separately from compute.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -141,9 +140,8 @@ def check_variants(variants: dict, model: str) -> None:
 
 def _train_worker(p: dict) -> dict:
     from ..train import train
-    from ..train.config import TrainConfig
+    from ..train.config import TrainConfig, settings_from_mapping
     from ..train.threads import ThreadConfig
-    from ..train.config import settings_from_mapping
     # Other training settings a variant names (l2_reg, adam_epsilon, a model's options), parsed
     # as a config file's (din_attention_units: "8" or [8]).
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"train_dir", "model_dir", "steps"}
@@ -273,8 +271,8 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
                           f"{REFERENCE['batch_size']} rows once through; the data has {rows:,}")
     base = reference_run()
     base.update(data=str(data), steps=steps, warmup=warmup, window=window(warmup),
-                field_size=field_size,
-                model=model)
+                field_size=field_size, model=model)
+    exported: set[int] = set()      # DeepCTR's arrays written by this run, by their rows
     sparsity = _run_worker("sparsity", {"data": str(data), "batch_size": base["batch_size"]})
     print(f"data {data}: {sparsity['distinct_rows_per_batch']:,.0f} distinct table rows per "
           f"batch of {base['batch_size']}", flush=True)
@@ -303,13 +301,14 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
         if deepctr_python and run["model"] not in DEEPCTR_MODELS:
             print(f"{'':24s} DeepCTR has no {run['model']}", flush=True)
         elif deepctr_python:
-            # Made once per data set (its path's hash: two sets may share a directory name).
-            key = hashlib.sha1(str(Path(str(data)).resolve()).encode()).hexdigest()[:12]
-            arrays = work / "arrays" / f"{key}-{(warmup + steps) * run['batch_size']}.npz"
-            if not arrays.exists():
+            # Exported anew by each run of the command (the data may have changed since).
+            need = (warmup + steps) * run["batch_size"]
+            arrays = work / "arrays" / f"deepctr-{need}.npz"
+            if need not in exported:
                 from .quality import export_arrays
                 arrays.parent.mkdir(parents=True, exist_ok=True)
-                export_arrays(str(data), arrays, rows=(warmup + steps) * run["batch_size"])
+                export_arrays(str(data), arrays, rows=need)
+                exported.add(need)
             params = _deepctr_params(run, feature_size, arrays, schema)
             peer = [run_json([deepctr_python, str(Path(__file__).with_name("deepctr_runner.py")),
                               json.dumps(params)], "DeepCTR")[-1] for _ in range(repeats)]
