@@ -414,6 +414,20 @@ def test_bench_train_measures_the_model_named_and_deepctrs(data, tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_profile_profiles_the_model_named(data, tmp_path):
+    """`bench profile --model`: that model's step, op by op (DCN-v2's cross layers' matmuls
+    among its ops); a setting the model does not read is refused by name."""
+    run_cli("bench", "profile", "--data", data / "train", "--model", "dcn_v2", "--json",
+            tmp_path / "p.json")
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert p["model"] == "dcn_v2" and p["wall_ms_per_step"] > 0
+    assert any("MatMul" in o["op"] for o in p["ops"]), p["ops"]
+    code, _, err = cli("bench", "profile", "--data", data / "train", "--model", "lr",
+                       "--mixed-precision")
+    assert code == 2 and "--mixed-precision: model lr does not use it" in err, err
+
+
+@pytest.mark.slow
 def test_bench_train_measures_din_beside_deepctrs_on_declared_fields(history_data, tmp_path):
     """DIN's speed on declared fields with a history, and DeepCTR's DIN on the same rows, its
     target the one ctrtrain's DIN trains with (--variants: din_target)."""

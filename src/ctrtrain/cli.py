@@ -367,6 +367,8 @@ def _bench_commands(sub):
     p.add_argument("--data", default=None, help="a TFRecord data directory (default: the reference data)")
     p.add_argument("--rows", type=POSITIVE, default=1_000_000)
     p.add_argument("--feature-size", type=POSITIVE, default=1_000_000)
+    p.add_argument("--model", choices=list(MODELS), default="deepfm",
+                   help="the model whose step is profiled, at its default options")
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--table-updates", default="auto", choices=("auto", *TABLE_UPDATES))
     p.add_argument("--work-dir", default="runs/bench-train")
@@ -456,7 +458,8 @@ def cmd_bench_profile(a):
     from .bench.profile import print_profile, profile_step
     from .bench.train_bench import prepare_reference_data
     data = a.data or str(prepare_reference_data(Path(a.work_dir), a.rows, a.feature_size))
-    p = profile_step(data, mixed_precision=a.mixed_precision, table_updates=a.table_updates)
+    p = profile_step(data, mixed_precision=a.mixed_precision, table_updates=a.table_updates,
+                     model=a.model)
     print_profile(p)
     if a.json:
         Path(a.json).write_text(json.dumps(p, indent=2) + "\n")

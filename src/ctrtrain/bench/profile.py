@@ -1,4 +1,5 @@
-"""`ctrtrain bench profile`: where a DeepFM training step's time goes, op by op.
+"""`ctrtrain bench profile`: where a training step's time goes, op by op (DeepFM's, or
+`--model`'s).
 
 Runs the reference step under TensorFlow's profiler and sums the CPU time of every op over
 the profiled steps (ops of a step run on several threads at once, so the column adds up to
@@ -13,9 +14,14 @@ import time
 
 
 def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precision: bool = False,
-                 top: int = 25, table_updates: str = "auto") -> dict:
-    """The step `ctrtrain train` runs with its defaults on `data_dir` (with the reference
-    configuration's dropout, as `bench train` measures it)."""
+                 top: int = 25, table_updates: str = "auto", model: str = "deepfm") -> dict:
+    """The step `ctrtrain train --model MODEL` runs with its defaults on `data_dir` (with the
+    reference configuration's dropout where the model has an MLP, as `bench train` measures
+    it)."""
+    from ..errors import ConfigError
+    from ..models import MODELS
+    if mixed_precision and "mixed_precision" not in MODELS[model].reads:
+        raise ConfigError(f"--mixed-precision: model {model} does not use it")
     from ..train.threads import ThreadConfig, apply_threads
     apply_threads(ThreadConfig())
     import tensorflow as tf
@@ -31,8 +37,10 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
 
     ds, m = dataset_from_dir(data_dir, PipelineConfig())
     batches = [b for _, b in zip(range(warmup + steps), ds)]
-    cfg = TrainConfig(train_dir=data_dir, model_dir="unused", dropout=REFERENCE["dropout"],
-                      mixed_precision=mixed_precision, table_updates=table_updates)
+    deep = {"dropout": REFERENCE["dropout"], "mixed_precision": mixed_precision}
+    cfg = TrainConfig(train_dir=data_dir, model_dir="unused", model=model,
+                      table_updates=table_updates,
+                      **{k: v for k, v in deep.items() if k in MODELS[model].reads})
     resolve_table_updates(cfg, m.feature_size)
     _, _, step, _ = build_training(
         model_config(cfg, m.feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer,
@@ -60,8 +68,8 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
                 if ":" in name and "::" not in name and not name.startswith(("EagerLocalExecute", "KernelAndDevice")):
                     per_op[name] += ev.duration_ps / 1e9  # ms
     ops = [{"op": k, "ms_per_step": v / steps} for k, v in per_op.most_common(top)]
-    return {"wall_ms_per_step": wall * 1000, "op_ms_total": sum(per_op.values()) / steps,
-            "ops": ops}
+    return {"model": model, "wall_ms_per_step": wall * 1000,
+            "op_ms_total": sum(per_op.values()) / steps, "ops": ops}
 
 
 def print_profile(p: dict) -> None:
