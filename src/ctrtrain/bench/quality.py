@@ -75,13 +75,18 @@ def peer_options(model: str, variants, schema) -> dict:
     if any(c != chosen[0] for c in chosen):
         raise ConfigError(f"--deepctr-python: the variants train {model} with different options "
                           f"({', '.join(variants)}); DeepCTR's one run needs the same for all")
-    options = chosen[0]
-    if model == "din":
-        from ..models.din import din_fields
-        *_, target, history = din_fields(
-            [(f.name, f.kind) for f in schema.fields] if schema else [], options)
-        options.update(din_target=target, din_sequence=history)
-    return options
+    return with_din_fields(model, chosen[0], schema)
+
+
+def with_din_fields(model: str, options: dict, schema) -> dict:
+    """The options with, for din, the history and target resolved from the data's declared
+    fields (`schema`) as ctrtrain's DIN resolves them: DeepCTR's runner names them."""
+    if model != "din":
+        return options
+    from ..models.din import din_fields
+    *_, target, history = din_fields(
+        [(f.name, f.kind) for f in schema.fields] if schema else [], options)
+    return {**options, "din_target": target, "din_sequence": history}
 
 
 def _ctrtrain_worker(p: dict) -> list[dict]:

@@ -227,12 +227,10 @@ def _deepctr_params(run: dict, feature_size: int, arrays: Path, schema) -> dict:
     the model's own options (its defaults, or the variant's; DIN's history and target as
     ctrtrain's DIN picks them from the data's declared fields, `schema`), and its steps."""
     from ..models import MODELS
-    options = {n: o.parse(run[n]) if n in run else o.default
-               for n, o in MODELS[run["model"]].options.items()}
-    if run["model"] == "din":
-        from ..models.din import din_fields
-        *_, options["din_target"], options["din_sequence"] = din_fields(
-            [(f.name, f.kind) for f in schema.fields] if schema else [], options)
+    from .quality import with_din_fields
+    options = with_din_fields(run["model"], {n: o.parse(run[n]) if n in run else o.default
+                                             for n, o in MODELS[run["model"]].options.items()},
+                              schema)
     return {"model": run["model"], "options": options, "train": str(arrays),
             "feature_size": feature_size, "embedding_size": run["embedding_size"],
             "deep_layers": list(run["deep_layers"]), "dropout": run.get("dropout", 0.0),
