@@ -178,6 +178,23 @@ def test_each_model_computes_its_papers_logit(name, options):
     assert l2 == 0.0
 
 
+def test_xdeepfm_mixed_precision_computes_the_cin_in_bfloat16():
+    """--mixed-precision reaches the CIN (its matmuls are most of xDeepFM's step): the same
+    logit as float32 to bfloat16's precision, and not bit-equal (so the flag is not ignored)."""
+    from ctrtrain.models import build_model
+    from ctrtrain.models.base import ModelConfig
+    vectors = tf.constant(np.random.default_rng(2).normal(size=(64, 4, 3)), tf.float32)
+
+    def cin(mixed):
+        m = build_model(ModelConfig(feature_size=10, field_size=4, embedding_size=3,
+                                    deep_layers=(5, 4), model="xdeepfm", seed=1,
+                                    mixed_precision=mixed, options={"cin_layers": (6, 5)}))
+        return m.cin(vectors).numpy()
+    full, half = cin(False), cin(True)
+    assert full.dtype == half.dtype == np.float32 and not np.array_equal(full, half)
+    np.testing.assert_allclose(half, full, rtol=0.05, atol=0.02 * np.abs(full).max())
+
+
 def test_dlrm_without_numeric_fields_interacts_the_embeddings_alone():
     """The fixed schema (values scale ids' rows): no bottom MLP; the top MLP reads the dot
     products of every two fields' embeddings."""

@@ -26,7 +26,7 @@ class ModelConfig:
     batch_norm: bool = False
     l2_dense: float = 0.0         # l2_dense * tf.nn.l2_loss(kernel) per dense kernel (the
                                   # table's L2 is its optimizer's: engine/updates.py)
-    mixed_precision: bool = False # bfloat16 MLP compute, float32 master weights
+    mixed_precision: bool = False # bfloat16 MLP (and CIN) compute, float32 master weights
     xla: bool = False             # XLA-compile the MLP (the sparse part has dynamic shapes)
     seed: int = 0
     initial_bias: float = 0.0     # the output bias at the start: logit of the positive rate

@@ -147,7 +147,8 @@ class TrainConfig:
                                _choice("prior", "zero"))
     xla: bool = setting(False, "model", "XLA-compile the MLP (the sparse part has dynamic shapes)",
                         _bool)
-    mixed_precision: bool = setting(False, "model", "bfloat16 MLP compute", _bool)
+    mixed_precision: bool = setting(False, "model", "bfloat16 compute of the MLP (and of "
+                                   "xDeepFM's CIN), float32 weights", _bool)
     # optimizer
     optimizer: str = setting("adam", "optimizer", " | ".join(OPTIMIZERS), _choice(*OPTIMIZERS))
     learning_rate: float = setting(1e-3, "optimizer", "learning rate (0 freezes the model)",
