@@ -187,10 +187,24 @@ def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
         pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")
     run_cli("bench", "quality", "--model", "din", "--data", f"small={tmp_path / 'd'}",
             "--epochs", "1", "--variants", "auto:din_target=C1", "--batch-size", "256",
-            "--work-dir", tmp_path / "w", "--json", tmp_path / "q.json",
+            "--seeds", "2", "--work-dir", tmp_path / "w", "--json", tmp_path / "q.json",
             *(["--deepctr-python", peer] if peer else []), timeout=900)
-    runs = json.loads((tmp_path / "q.json").read_text())["sets"]["small"]["runs"]
+    small = json.loads((tmp_path / "q.json").read_text())["sets"]["small"]
+    runs = small["runs"]
     assert set(runs) == {"ctrtrain auto:din_target=C1"} | ({"deepctr"} if peer else set())
+    # --seeds 2: each trainer twice, seeds 0 and 1, different initial values: different AUCs;
+    # their mean with its standard error, and the difference to DeepCTR's.
+    for name, means in small["over_seeds"].items():
+        seeds = small["seeds"][name]
+        assert [s["seed"] for s in seeds] == [0, 1] and seeds[0]["epochs"] == runs[name], name
+        aucs = [s["epochs"][0]["test"]["auc"] for s in seeds]
+        assert means["runs"] == aucs and aucs[0] != aucs[1], name
+        assert means["test_auc"] == pytest.approx(sum(aucs) / 2)
+        assert means["se"] == pytest.approx(abs(aucs[0] - aucs[1]) / 2)
+    if peer:
+        d = small["minus_deepctr"]["ctrtrain auto:din_target=C1"]
+        assert d["test_auc"] == pytest.approx(small["over_seeds"]["ctrtrain auto:din_target=C1"]
+                                              ["test_auc"] - small["over_seeds"]["deepctr"]["test_auc"])
     for name, epochs in runs.items():
         assert [e["epoch"] for e in epochs] == [1], name
         assert all(0 < e[s]["auc"] < 1 for e in epochs for s in ("valid", "test")), name

@@ -350,6 +350,9 @@ def _bench_commands(sub):
                    help="instead of the protocol's 1024 (data sets of a few thousand rows)")
     p.add_argument("--deepctr-python", default=None,
                    help="python of a DeepCTR 0.9.4 environment (scripts/deepctr_env.sh prints it)")
+    p.add_argument("--seeds", type=POSITIVE, default=1,
+                   help="run every trainer with this many seeds (0, 1, ...) and report each "
+                        "one's mean test AUC with its standard error")
     p.add_argument("--work-dir", default="runs/bench-quality")
     p.add_argument("--json", default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_quality)
@@ -428,7 +431,7 @@ def cmd_bench_quality(a):
             raise ConfigError(f"--data {spec!r}: give NAME=DIR")
         sets.append((name, path))
     report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json,
-                               a.batch_size, model=a.model)
+                               a.batch_size, model=a.model, seeds=a.seeds)
     for line in check_bar(report):
         print(f"below the bar: {line}")
 

@@ -152,13 +152,30 @@ def selected(epochs: list[dict]) -> dict:
             "test_logloss": best["test"]["logloss"]}
 
 
+def over_seeds(picked: list[dict]) -> dict:
+    """The selected test AUCs of one trainer's runs with different seeds: their mean and its
+    standard error (the spread of the runs / sqrt(n); 0 for one run)."""
+    import statistics
+    aucs = [p["test_auc"] for p in picked]
+    se = statistics.stdev(aucs) / len(aucs) ** 0.5 if len(aucs) > 1 else 0.0
+    return {"test_auc": statistics.fmean(aucs), "se": se, "runs": aucs,
+            "epochs": [p["epoch"] for p in picked]}
+
+
+def difference(a: dict, b: dict) -> dict:
+    """a's mean test AUC minus b's (over_seeds), with the standard error of the difference."""
+    return {"test_auc": a["test_auc"] - b["test_auc"], "se": (a["se"] ** 2 + b["se"] ** 2) ** 0.5}
+
+
 def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: int,
                       variants=VARIANTS, deepctr_python: str | None = None,
                       out: str | None = None, batch_size: int | None = None,
-                      model: str = "deepfm") -> dict:
+                      model: str = "deepfm", seeds: int = 1) -> dict:
     """`batch_size`: instead of the configuration's 1024 (small data sets). `model`: what
     every run trains (MODELS; its own options at their defaults); DeepCTR runs only for the
-    models it has (DEEPCTR_MODELS)."""
+    models it has (DEEPCTR_MODELS). `seeds`: every run repeated with seeds 0..seeds-1 (initial
+    values, dropout; the rows' order is the data's), reported per seed and as a mean with its
+    standard error: a difference of 0.002 is within one run's seed-to-seed spread."""
     from ..data.index import resolve_source
     config = {**CONFIG, **({"batch_size": batch_size} if batch_size else {}), "model": model,
               "options": {n: o.default for n, o in MODELS[model].options.items()}}
@@ -176,13 +193,11 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
         peer = deepctr_python and model in DEEPCTR_MODELS
         if peer:    # likewise: what DeepCTR's run trains with
             options = peer_options(model, variants, manifests["train"].schema)
-        results = {}
+        commands = {}       # label: (argv but the parameters, parameters)
         for variant in variants:
-            params = {**config, **splits, "epochs": epochs, "variant": variant}
-            print(f"[{name}] ctrtrain {model} table_updates={variant} ...", flush=True)
-            results[f"ctrtrain {variant}"] = run_json(
-                [sys.executable, "-m", "ctrtrain.bench.quality", json.dumps(params)],
-                f"ctrtrain {variant}", timeout=6 * 3600)
+            commands[f"ctrtrain {variant}"] = (
+                [sys.executable, "-m", "ctrtrain.bench.quality"],
+                {**config, **splits, "epochs": epochs, "variant": variant})
         if deepctr_python and model not in DEEPCTR_MODELS:
             print(f"[{name}] DeepCTR has no {model}: no peer run", flush=True)
         elif peer:
@@ -192,12 +207,28 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
                       "feature_size": manifests["train"].feature_size}
             for s, d in splits.items():
                 params[s] = str(export_arrays(d, arrays / f"{s}.npz"))
-            print(f"[{name}] DeepCTR 0.9.4 {model} ...", flush=True)
-            results["deepctr"] = run_json([deepctr_python, str(Path(__file__).with_name(
-                "deepctr_runner.py")), json.dumps(params)], "DeepCTR", timeout=6 * 3600)
-        report["sets"][name] = {"data": root, "runs": results,
-                                "selected": {k: selected(v) for k, v in results.items()}}
-        print(format_set(name, report["sets"][name]), flush=True)
+            commands["deepctr"] = (
+                [deepctr_python, str(Path(__file__).with_name("deepctr_runner.py"))], params)
+        per_seed: dict[str, list] = {label: [] for label in commands}
+        for seed in range(config["seed"], config["seed"] + seeds):
+            for label, (argv, params) in commands.items():
+                print(f"[{name}] {label} {model} seed {seed} ...", flush=True)
+                per_seed[label].append(run_json(argv + [json.dumps({**params, "seed": seed})],
+                                                label, timeout=6 * 3600))
+        results = {label: runs[0] for label, runs in per_seed.items()}
+        entry = {"data": root, "runs": results,
+                 "selected": {k: selected(v) for k, v in results.items()}}
+        if seeds > 1:
+            entry["seeds"] = {k: [dict(seed=config["seed"] + i, epochs=run)
+                                  for i, run in enumerate(v)] for k, v in per_seed.items()}
+            entry["over_seeds"] = {k: over_seeds([selected(run) for run in v])
+                                   for k, v in per_seed.items()}
+            if "deepctr" in per_seed:
+                entry["minus_deepctr"] = {
+                    k: difference(entry["over_seeds"][k], entry["over_seeds"]["deepctr"])
+                    for k in per_seed if k != "deepctr"}
+        report["sets"][name] = entry
+        print(format_set(name, entry), flush=True)
     if out:
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -219,6 +250,13 @@ def format_set(name: str, s: dict) -> str:
         v[-1].get("table_updates", "") for v in runs.values()) + " |")
     lines.append("| best valid epoch: test AUC | " + " | ".join(
         f"{sel[k]['test_auc']:.4f} (epoch {sel[k]['epoch']})" for k in runs) + " |")
+    if "over_seeds" in s:
+        means = s["over_seeds"]
+        lines.append(f"| mean of {len(next(iter(means.values()))['runs'])} seeds (SE) | " +
+                     " | ".join(f"{means[k]['test_auc']:.4f} ({means[k]['se']:.4f})"
+                                for k in runs) + " |")
+        for k, d in s.get("minus_deepctr", {}).items():
+            lines.append(f"{k} - deepctr: {d['test_auc']:+.4f} (SE {d['se']:.4f})")
     return "\n".join(lines)
 
 
