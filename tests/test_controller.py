@@ -18,6 +18,7 @@ class FakeTrainer:
         self.step, self.saves, self.evals, self.calls = 0, [], [], []
         self.aucs, self.losses = list(aucs), losses or {}
         self.data_steps, self.signal_at = data_steps, signal_at
+        self.kept, self.earlier_best = [], None
 
     def train_steps(self, n, stop):
         self.calls.append(n)
@@ -47,6 +48,15 @@ class FakeTrainer:
     def evaluate(self, name, step, keep=False):
         self.evals.append(step)
         return {"auc": self.aucs.pop(0)} if self.aucs else None
+
+    def keep_best(self, record):
+        self.kept.append(record["step"])
+
+    def best_kept(self):
+        return self.earlier_best
+
+    def restore_best(self, record):
+        raise AssertionError("the loop never restores")
 
 
 class Log:
@@ -83,9 +93,29 @@ def test_windows_checkpoints_and_evaluations_fall_on_their_steps():
 
 def test_early_stopping_after_evaluations_without_improvement():
     t = FakeTrainer(aucs=[0.70, 0.72, 0.719, 0.72, 0.80])
-    out, log = run(t, eval_every=10, early_stopping=2)
+    out, log = run(t, eval_every=10, early_stopping=2, keep_best=True, steps_per_epoch=20)
     assert out.stopped_early and out.step == 40 and t.evals == [10, 20, 30, 40]
-    assert log.kinds("early_stop") == [(40, {"best_auc": 0.72})]
+    assert log.kinds("early_stop") == [(40, {"best_step": 20, "best_auc": 0.72})]
+    # The best model is kept at each improvement, and its record says when it was.
+    assert t.kept == [10, 20]
+    assert out.best == {"step": 20, "epoch": 1.0, "monitor": "auc", "valid": {"auc": 0.72}}
+
+
+def test_logloss_monitored_and_a_resumed_run_compares_with_the_earlier_best():
+    t = FakeTrainer()
+    t.aucs = [{"auc": 0.9, "logloss": 0.50}, {"auc": 0.5, "logloss": 0.45},
+              {"auc": 0.9, "logloss": 0.46}, {"auc": 0.9, "logloss": 0.47}]
+    t.evaluate = lambda name, step, keep=False: (t.evals.append(step), t.aucs.pop(0))[1]
+    out, log = run(t, eval_every=10, early_stopping=2, keep_best=True, monitor="logloss")
+    assert out.stopped_early and t.evals == [10, 20, 30, 40] and t.kept == [10, 20]
+    assert out.best["step"] == 20 and out.best["epoch"] is None   # no epoch length known
+    # Resumed: the earlier run's best (logloss 0.40) is not beaten, so nothing is kept.
+    t = FakeTrainer()
+    t.earlier_best = {"step": 5, "epoch": None, "monitor": "logloss", "valid": {"logloss": 0.40}}
+    t.aucs = [{"auc": 0.9, "logloss": 0.45}, {"auc": 0.9, "logloss": 0.41}]
+    t.evaluate = lambda name, step, keep=False: (t.evals.append(step), t.aucs.pop(0))[1]
+    out, log = run(t, eval_every=10, early_stopping=2, keep_best=True, monitor="logloss")
+    assert out.step == 20 and out.stopped_early and t.kept == [] and out.best["step"] == 5
 
 
 def test_a_loss_that_is_not_finite_stops_before_any_checkpoint_of_it():

@@ -225,4 +225,11 @@ def test_parameter_servers_honour_early_stopping_and_report_input_time(tmp_path,
     assert res["input_wait_s"] > 0 and res["compute_s"] > 0 and 0 < res["input_bound"] < 1
     assert all("input_bound" in w for w in res["windows"])
     assert "early_stop" in (tmp_path / "run" / "checkpoints" / "metrics.jsonl").read_text()
+    # The best model (the first evaluation's: nothing moves at learning rate 0) is restored
+    # from the parameter servers' variables, tested and exported (issue 31).
+    sel = res["selected"]
+    assert sel["step"] == 10 and sel["best"] and sel["last"]["step"] == 30
+    assert "restore_best" in (tmp_path / "run" / "checkpoints" / "metrics.jsonl").read_text()
+    meta = json.loads(next((tmp_path / "run").rglob("assets.extra/ctrtrain.json")).read_text())
+    assert meta["step"] == 10 and meta["trained_steps"] == 30
     assert r.returncode == 0

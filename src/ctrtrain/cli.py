@@ -543,6 +543,15 @@ def train_config_from_args(a):
 def cmd_train(a):
     from .train import train
     r = train(train_config_from_args(a))
+    sel = r.get("selected")
+    if sel:
+        epoch = f" (epoch {sel['epoch']:g})" if sel.get("epoch") is not None else ""
+        last, metric = sel["last"], sel["monitor"]
+        print(f"model: step {sel['step']}{epoch}, " + (
+            "the last" if sel["step"] == last["step"] else
+            f"the best validation {metric} (the last, step {last['step']}: "
+            f"{last['valid'][metric]:.4f})") + ("" if sel["best"] else
+                                                ", not the best (export_best off)"))
     for split in ("valid", "test"):
         if r.get(split):
             print(f"{split}: AUC {r[split]['auc']:.4f}  logloss {r[split]['logloss']:.4f}  "

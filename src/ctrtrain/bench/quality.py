@@ -105,7 +105,9 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
             model=p["model"], **{k: v for k, v in shape.items() if k in MODELS[p["model"]].reads},
             batch_size=p["batch_size"], learning_rate=p["learning_rate"],
             l2_reg=p["l2"], seed=p["seed"], epochs=p["epochs"], eval_every=steps_per_epoch,
-            eval_test=True, checkpoint_every=0, export=False, progress=False, quiet=True)
+            eval_test=True, checkpoint_every=0, export=False, progress=False, quiet=True,
+            # Every epoch trained and its last model evaluated: the protocol picks the best.
+            early_stopping=0, export_best=False)
         cfg = TrainConfig(**{**base, **variant_settings(p["variant"])})
         r = train(cfg)      # resolves table_updates auto in cfg
         events = [json.loads(line) for line in (Path(md) / "metrics.jsonl").read_text().splitlines()]

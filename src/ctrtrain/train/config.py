@@ -49,6 +49,8 @@ ALIASES = {"num_epochs": "epochs", "log_steps": "log_every"}
 def _schedule(v):
     """Steps (`500`) or epochs (`0.5 epochs`, `1epoch`, `2e`); 0 = never."""
     text = str(v).strip().lower().replace(" ", "")
+    if text == "auto":      # eval_every's default: inputs.schedule_of resolves it
+        return "auto"
     for unit in ("epochs", "epoch", "e"):
         if text.endswith(unit) and text[:-len(unit)]:
             n = number(float, 0, low_open=True)(text[:-len(unit)])
@@ -176,8 +178,9 @@ class TrainConfig:
                                 number(int, 1, optional=True))
     log_every: int | str = setting(100, "schedule", "log window: steps, or '0.1 epochs'",
                                    _schedule)
-    eval_every: int | str = setting(0, "schedule", "evaluate the validation split every N steps "
-                                    "or 'X epochs' (0: at the end only)", _schedule)
+    eval_every: int | str = setting("auto", "schedule", "evaluate the validation split every N "
+                                    "steps or 'X epochs' (0: at the end only; auto: every epoch "
+                                    "where the mode can, else at the end)", _schedule)
     eval_test: bool = setting(False, "schedule", "at each evaluation also evaluate the test "
                               "split (learning curves; no decision uses it)", _bool)
     checkpoint_every: int | str = setting(1000, "schedule", "checkpoint every N steps or 'X "
@@ -185,8 +188,13 @@ class TrainConfig:
     checkpoint_secs: float = setting(0.0, "schedule", "also checkpoint after this many seconds "
                                      "(0: off)", number(float, 0))
     keep_checkpoints: int = setting(3, "schedule", "checkpoints kept", number(int, 1))
-    early_stopping: int = setting(0, "schedule", "stop after this many evaluations without a "
-                                  "better validation AUC (0: off)", number(int, 0))
+    early_stopping: int = setting(2, "schedule", "stop after this many evaluations of the "
+                                  "validation split without a better monitored metric (0: off)",
+                                  number(int, 0))
+    monitor: str = setting("auc", "schedule", "the validation metric that picks the best model "
+                           "and stops early: auc | logloss", _choice("auc", "logloss"))
+    export_best: bool = setting(True, "schedule", "with a validation split: test and export the "
+                                "best evaluated model, not the last", _bool)
     seed: int = setting(0, "schedule", "seed of initialisation and shuffling", number(int, 0))
     # distribution
     mode: str = setting("single", "distribution", "single | mirrored (the multi-process modes run "
@@ -377,7 +385,7 @@ def check_config(cfg: TrainConfig):
             raise ConfigError("cache: a Pipe channel streams every epoch anew (the job's "
                               "pipe_epochs); use a File channel to cache the data in memory")
         for name in ("log_every", "eval_every", "checkpoint_every"):
-            if isinstance(getattr(cfg, name), str):
+            if isinstance(getattr(cfg, name), str) and getattr(cfg, name) != "auto":
                 raise ConfigError(f"{name}: a Pipe stream has no known epoch length; give steps")
 
 

@@ -11,10 +11,17 @@ A trainer runs steps and reports what they cost:
     trainer.train_steps(n, stop)      -> StepStats (stops early when stop() or the data ends)
     trainer.save(step)                a checkpoint (the chief's; others do nothing)
     trainer.evaluate(name, step)      -> {"auc", "logloss", ...} of the valid/test split, or None
+    trainer.keep_best(record)         keeps the model as the best evaluated (model_dir.BEST)
+    trainer.best_kept()               -> that record, from an earlier run a resumed one continues
+    trainer.restore_best(record)      the model's variables as they were at that evaluation
 
-After the loop, `finish` does what every run does at its end, also once for every mode: the
-final checkpoint, evaluation of the validation and test splits, the SavedModel export, the
-test set's predictions, result.json and a one-line summary.
+The controller keeps the best model by the monitored validation metric (FuxiCTR's and Keras's
+`save_best_only` + `restore_best_weights`) and stops after `early_stopping` evaluations
+without a better one. After the loop, `finish` does what every run does at its end, also once
+for every mode: the final checkpoint (the last state: a resumed run continues from it), the
+validation split's evaluation, the best model restored if the last is not better, the test
+split's evaluation of it, its SavedModel export, the test set's predictions, result.json and a
+one-line summary.
 """
 
 from __future__ import annotations
@@ -55,6 +62,12 @@ class Trainer(Protocol):
 
     def evaluate(self, name: str, step: int, keep: bool = False) -> dict | None: ...
 
+    def keep_best(self, record: dict) -> None: ...
+
+    def best_kept(self) -> dict | None: ...
+
+    def restore_best(self, record: dict) -> None: ...
+
 
 class ChiefActions:
     """What the trainers share around their steps: the final checkpoint and the evaluation of
@@ -75,6 +88,24 @@ class ChiefActions:
         return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
                               keep=keep)
 
+    def keep_best(self, record: dict) -> None:
+        from pathlib import Path
+
+        from .model_dir import write_best
+        write_best(self.model, Path(self.cfg.model_dir), record)
+
+    def best_kept(self) -> dict | None:
+        from pathlib import Path
+
+        from .model_dir import read_best
+        return read_best(Path(self.cfg.model_dir), self.cfg.monitor)
+
+    def restore_best(self, record: dict) -> None:
+        from pathlib import Path
+
+        from .model_dir import restore_best
+        restore_best(self.model, Path(self.cfg.model_dir), record)
+
 
 @dataclasses.dataclass
 class Schedule:
@@ -84,8 +115,11 @@ class Schedule:
     checkpoint_every: int = 0
     checkpoint_secs: float = 0.0
     eval_every: int = 0
-    early_stopping: int = 0        # evaluations without AUC improvement before stopping
+    early_stopping: int = 0        # evaluations without a better monitored metric: stop
     eval_test: bool = False        # evaluate the test split beside the validation split
+    monitor: str = "auc"           # the validation metric that picks the best model
+    keep_best: bool = False        # keep the best model's variables (the trainer's keep_best)
+    steps_per_epoch: float | None = None   # to say at which epoch the best model was
 
     def next_boundary(self, step: int) -> int:
         """The next step at which the controller must act."""
@@ -103,6 +137,8 @@ class Outcome:
     windows: list
     input_wait_s: float
     compute_s: float
+    best: dict | None = None       # the best evaluation's record: step, epoch, monitor, valid
+    schedule: Schedule | None = None
     ended: float = dataclasses.field(default_factory=time.perf_counter)   # the loop's end
 
     @property
@@ -120,7 +156,7 @@ class Controller:
     def run(self) -> Outcome:
         s, t = self.schedule, self.trainer
         start = t.step
-        best_auc, bad_evals, stopped_early = -1.0, 0, False
+        best, bad_evals, stopped_early = t.best_kept(), 0, False
         windows, totals = [], StepStats()
         window, window_t = StepStats(), time.perf_counter()
         last_ckpt = time.monotonic()
@@ -181,17 +217,39 @@ class Controller:
                     r_eval = t.evaluate("valid", t.step)
                     if s.eval_test:
                         t.evaluate("test", t.step)
-                    if r_eval and s.early_stopping:
-                        if r_eval["auc"] > best_auc + 1e-5:
-                            best_auc, bad_evals = r_eval["auc"], 0
-                        else:
-                            bad_evals += 1
-                            if bad_evals >= s.early_stopping:
-                                stopped_early = True
-                                self.log.event("early_stop", step=t.step, best_auc=best_auc)
-                                break
+                    if r_eval is None:
+                        continue
+                    if improves(r_eval, best, s.monitor):
+                        best, bad_evals = best_record(s, t.step, r_eval), 0
+                        if s.keep_best:
+                            t.keep_best(best)
+                    else:
+                        bad_evals += 1
+                        if s.early_stopping and bad_evals >= s.early_stopping:
+                            stopped_early = True
+                            self.log.event("early_stop", step=t.step, best_step=best["step"],
+                                           **{f"best_{s.monitor}": best["valid"][s.monitor]})
+                            break
         flush(t.step)
-        return Outcome(t.step, stopped_early, windows, totals.input_wait_s, totals.compute_s)
+        return Outcome(t.step, stopped_early, windows, totals.input_wait_s, totals.compute_s,
+                       best, s)
+
+
+def improves(figures: dict, best: dict | None, monitor: str) -> bool:
+    """Whether a validation evaluation beats the best so far by the monitored metric (by more
+    than float noise: a plateau is not an improvement). A first evaluation always does."""
+    if best is None:
+        return True
+    new, old = figures[monitor], best["valid"][monitor]
+    if not math.isfinite(old):
+        return math.isfinite(new)
+    return new > old + 1e-5 if monitor == "auc" else new < old - 1e-5
+
+
+def best_record(s: Schedule, step: int, figures: dict) -> dict:
+    epoch = round(step / s.steps_per_epoch, 2) if s.steps_per_epoch else None
+    return {"step": step, "epoch": epoch, "monitor": s.monitor,
+            "valid": {k: v for k, v in figures.items() if k not in ("labels", "probs")}}
 
 
 def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, model_dir,
@@ -212,7 +270,12 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
               "input_bound": outcome.input_bound, "windows": outcome.windows,
               "examples_per_s": steady_throughput(outcome.windows)}
     result["valid"] = trainer.evaluate("valid", outcome.step)
-    result["test"] = trainer.evaluate("test", outcome.step, keep=bool(cfg.predictions))
+    selected = choose_model(cfg, trainer, outcome, result["valid"], log)
+    if selected:
+        result["selected"] = selected
+        result["valid"] = selected["valid"]
+    model_step = selected["step"] if selected else outcome.step
+    result["test"] = trainer.evaluate("test", model_step, keep=bool(cfg.predictions))
     clock.lap("evaluation")
     if result["test"] is not None and cfg.predictions:
         labels, probs = result["test"].pop("labels"), result["test"].pop("probs")
@@ -224,15 +287,51 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
             trainer.model, md / "export", outcome.step,
             {"model": cfg.model, "field_size": manifest.field_size, "feature_size": feature_size,
              **({"fields": manifest.fields} if manifest.fields else {}),
-             "step": outcome.step, "test": result["test"], "mode": cfg.mode}, vocab,
+             "step": model_step, "trained_steps": outcome.step, "test": result["test"],
+             "valid": result["valid"], "mode": cfg.mode}, vocab,
             schema=manifest.schema)
-        log.event("export", step=outcome.step, path=result["export"])
+        log.event("export", step=outcome.step, path=result["export"], model_step=model_step)
     clock.lap("export")
     result["phases_s"] = clock.phases
     (md / RESULT).write_text(json.dumps(result, indent=2) + "\n")
     log.event("summary", step=outcome.step, **summary_fields(result))
     log.close()
     return result
+
+
+def announce_model_choice(log, cfg, schedule: Schedule) -> None:
+    """Says once, at the start, when no validation evaluation can choose the exported model."""
+    if not log.console:
+        return
+    if not cfg.valid_dir:
+        print("no validation set: the last model is exported; `ctrtrain data split` makes one",
+              flush=True)
+    elif cfg.export_best and not schedule.eval_every:
+        why = ("eval_every 0" if cfg.eval_every != "auto" else "a Pipe stream has no known "
+               "epoch" if cfg.input_mode == "Pipe" else f"mode {cfg.mode} evaluates it there")
+        print(f"validation set evaluated at the end only ({why}): the last model is exported",
+              flush=True)
+
+
+def choose_model(cfg, trainer, outcome: Outcome, last_valid: dict | None, log) -> dict | None:
+    """With a validation split: the model a run tests and exports, as a record (step, epoch,
+    monitor, valid; `best`: whether it is the best evaluated; `last`: the last model's step
+    and figures): the best evaluated one, its variables restored, unless the last is at
+    least as good or export_best is off (then the last). None without a validation split:
+    nothing can choose."""
+    if last_valid is None:
+        return None
+    last = {"step": outcome.step, "valid": last_valid}
+    best = outcome.best
+    last_is_best = best is None or best["step"] == outcome.step or \
+        improves(last_valid, best, cfg.monitor)
+    if last_is_best or not cfg.export_best:
+        return {**best_record(outcome.schedule, outcome.step, last_valid),
+                "best": last_is_best, "last": last}
+    trainer.restore_best(best)
+    log.event("restore_best", step=outcome.step, best_step=best["step"],
+              **{f"best_{cfg.monitor}": best["valid"][cfg.monitor]})
+    return {**best, "best": True, "last": last}
 
 
 class Phases:
@@ -278,6 +377,8 @@ def steady_throughput(windows: list) -> float | None:
 
 def summary_fields(result: dict) -> dict:
     out = {"examples_per_s": result.get("examples_per_s"), "input_bound": result["input_bound"]}
+    if result.get("selected"):      # the model tested and exported
+        out.update(model_step=result["selected"]["step"], model_epoch=result["selected"]["epoch"])
     for split in ("valid", "test"):
         if result.get(split):
             out[f"{split}_auc"] = result[split]["auc"]

@@ -133,17 +133,24 @@ def planned_steps(cfg: TrainConfig, records: int, global_batch: int, batch_desc:
 
 
 def schedule_of(cfg: TrainConfig, total_steps: int | None, records: int | None,
-                global_batch: int):
+                global_batch: int, evaluates_midway: bool = True):
     """The controller's schedule in steps: settings given in epochs ('0.5 epochs') become
-    steps of this run's global batch."""
+    steps of this run's global batch. eval_every `auto`: every epoch with a validation split
+    where the mode evaluates mid-training (`evaluates_midway`) and an epoch has a known
+    length, else at the end only."""
     from .controller import Schedule
 
     def steps(name):
         v = getattr(cfg, name)
+        if v == "auto":
+            v = "1 epochs" if cfg.valid_dir and evaluates_midway and records else 0
         if not isinstance(v, str):
             return v
         if not records:
             raise ConfigError(f"{name}: {v} needs a known epoch length; give steps")
         return max(1, int(round(float(v.split()[0]) * records / global_batch)))
-    return Schedule(total_steps, steps("log_every"), steps("checkpoint_every"),
-                    cfg.checkpoint_secs, steps("eval_every"), cfg.early_stopping, cfg.eval_test)
+    every = {n: steps(n) for n in ("log_every", "checkpoint_every", "eval_every")}
+    return Schedule(total_steps, every["log_every"], every["checkpoint_every"],
+                    cfg.checkpoint_secs, every["eval_every"], cfg.early_stopping, cfg.eval_test,
+                    monitor=cfg.monitor, keep_best=cfg.export_best and bool(cfg.valid_dir),
+                    steps_per_epoch=records / global_batch if records else None)

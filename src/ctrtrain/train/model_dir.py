@@ -19,8 +19,10 @@ RESULT = "result.json"
 CONFIG = "train_config.json"
 PREDICTIONS = "predictions.csv"
 CONFIG_YAML = "config.yaml"
+BEST = "best"           # the best evaluated model's variables and best.json, its record
 
-RUN_FILES = ("checkpoints", "logs", "export", METRICS, RESULT, CONFIG, CONFIG_YAML, PREDICTIONS)
+RUN_FILES = ("checkpoints", "logs", "export", BEST, METRICS, RESULT, CONFIG, CONFIG_YAML,
+             PREDICTIONS)
 
 
 def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
@@ -181,3 +183,50 @@ def saved_at(manager, step: int) -> bool:
     """Whether the latest checkpoint is of this step (the final save would repeat it)."""
     latest = manager.latest_checkpoint
     return latest is not None and int(latest.rsplit("-", 1)[1]) == step
+
+
+def write_best(model, md: Path, record: dict) -> None:
+    """The model's variables (not the optimizer's: nothing trains on from them) as the best
+    evaluated so far, then best.json naming them, written whole or not at all: a run killed
+    in between keeps the earlier best. Older best models are removed after."""
+    import tensorflow as tf
+    best = md / BEST
+    best.mkdir(exist_ok=True)
+    name = _best_name(record)
+    try:
+        tf.train.Checkpoint(model=model).write(str(best / name))
+    except tf.errors.OpError as e:
+        from ..errors import CtrError
+        raise CtrError(f"cannot write the best model (step {record['step']}) in {best}: "
+                       f"{e.message.strip().splitlines()[0] if e.message else e}") from None
+    tmp = best / "best.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, best / "best.json")
+    for old in best.glob("model-*"):
+        if not old.name.startswith(name + "."):
+            old.unlink()
+
+
+def read_best(md: Path, monitor: str) -> dict | None:
+    """The best model's record (write_best) a resumed run continues from, if it was chosen by
+    the same metric and its variables are there; else None (the comparison starts afresh)."""
+    try:
+        record = json.loads((md / BEST / "best.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("monitor") != monitor or \
+            not isinstance(record.get("step"), int) or \
+            not (md / BEST / f"{_best_name(record)}.index").exists():
+        return None
+    return record
+
+
+def _best_name(record: dict) -> str:
+    return f"model-{record['step']}"
+
+
+def restore_best(model, md: Path, record: dict) -> None:
+    """The model's variables as they were at the best evaluation."""
+    import tensorflow as tf
+    status = tf.train.Checkpoint(model=model).read(str(md / BEST / _best_name(record)))
+    status.assert_existing_objects_matched()

@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from .. import heartbeat
 from ..data.index import describe_source
 from .config import model_config, optimizer_params
-from .controller import ChiefActions, Controller, StepStats, finish
+from .controller import ChiefActions, Controller, StepStats, announce_model_choice, finish
 from .inputs import (check_data, planned_steps, positive_rate, schedule_of, train_read_error,
                      training_dataset)
 from .metrics_log import MetricsLog
@@ -144,6 +144,7 @@ def train_parameter_server(cfg, threads) -> dict:
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
     log = MetricsLog(md, not cfg.quiet)
     announce_resume(log, md, start_step, total_steps)
+    announce_model_choice(log, cfg, schedule)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=m.records, mode=cfg.mode,
               workers=num_workers, parameter_servers=num_ps, ps_bytes=load,

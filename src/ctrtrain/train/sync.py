@@ -17,7 +17,7 @@ from .. import heartbeat
 from ..data.index import describe_source
 from ..errors import ConfigError
 from .config import TrainConfig, model_config, optimizer_params
-from .controller import ChiefActions, Controller, StepStats, finish
+from .controller import ChiefActions, Controller, StepStats, announce_model_choice, finish
 from .inputs import (check_data, local_records, planned_steps, positive_rate, schedule_of,
                      train_read_error, training_dataset)
 from .metrics_log import MetricsLog
@@ -101,7 +101,10 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
                               "every rank needs data")
         total_steps = planned_steps(cfg, total_records, global_batch,
                                     f"the global batch ({cfg.batch_size} x {rt.replicas} replicas)")
-    schedule = schedule_of(cfg, total_steps, total_records, global_batch)
+    # Several readers: the chief alone evaluates, at the end (mid-training it would stall
+    # the other ranks), so `auto` evaluates there only.
+    schedule = schedule_of(cfg, total_steps, total_records, global_batch,
+                           evaluates_midway=rt.readers <= 1)
     if schedule.eval_every and rt.readers > 1:
         raise ConfigError(f"eval_every: in mode {cfg.mode} the chief evaluates at the end only "
                           "(evaluating mid-training would stall the other ranks)")
@@ -117,6 +120,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     heartbeat.beat(force=True)
     log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief)
     announce_resume(log, md, start_step, total_steps)
+    announce_model_choice(log, cfg, schedule)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=total_records, mode=cfg.mode,
               replicas=rt.replicas, readers=rt.readers, global_batch=global_batch, learning_rate=lr,

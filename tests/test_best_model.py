@@ -1,0 +1,94 @@
+"""The exported model is the best one (issue 31): with a validation split a run evaluates it
+every epoch, keeps the best model by the monitored metric, stops two evaluations without a
+better one, and tests and exports the best model, not the last. Real training runs on a small
+table that over-fits within a few epochs at a high learning rate."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def small(synth_data):
+    """6,400 training rows over a 4,000-row table: the validation AUC peaks within 2 epochs."""
+    return synth_data(rows=8000, feature_size=4000)[0] / "tf"
+
+
+def train(data, md, *extra, valid=True):
+    args = ["train", "--train", data / "train", "--test", data / "test", "--model-dir", md,
+            "--batch-size", "128", "--learning-rate", "0.01",
+            *(["--valid", data / "valid"] if valid else []), *extra]
+    r = run_cli(*args, timeout=600)
+    events = [json.loads(line) for line in (md / "metrics.jsonl").read_text().splitlines()]
+    return r, json.loads((md / "result.json").read_text()), events
+
+
+def evals(events, split):
+    return [(e["step"], e) for e in events if e["event"] == "eval" and e["split"] == split]
+
+
+@pytest.mark.parametrize("mode", ["single", "mirrored"])
+def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
+    md = tmp_path / "m"
+    r, res, events = train(small, md, "--epochs", "30", "--eval-test", "--mode", mode)
+    valid = evals(events, "valid")
+    epoch = 6400 // res["global_batch"]      # steps: 50 in one process, 25 with 2 replicas
+    # Every epoch evaluated by default; stopped 2 evaluations after the best.
+    assert [s for s, _ in valid][:3] == [epoch, 2 * epoch, 3 * epoch]
+    midway = [(s, e) for s, e in valid if s < res["step"]] + [valid[-1]]
+    best_step, best = max(midway, key=lambda se: se[1]["auc"])
+    sel = res["selected"]
+    assert res["stopped_early"] and res["step"] == best_step + 2 * epoch < res["total_steps"]
+    assert sel["step"] == best_step and sel["best"] and sel["epoch"] == best_step / epoch
+    assert sel["valid"]["auc"] == res["valid"]["auc"] == pytest.approx(best["auc"], abs=1e-9)
+    assert sel["last"]["step"] == res["step"] and sel["last"]["valid"]["auc"] < best["auc"]
+    # The final test evaluation is of the best model: the same figures as the test split's
+    # evaluation at that step during training.
+    test_then = dict(evals(events, "test"))[best_step]
+    assert res["test"]["auc"] == pytest.approx(test_then["auc"], abs=1e-7)
+    assert res["test"]["logloss"] == pytest.approx(test_then["logloss"], rel=1e-6)
+    # ... and so is the export: its record, and its predictions of the test split.
+    meta = json.loads(next((md / "export").glob("*/assets.extra/ctrtrain.json")).read_text())
+    assert meta["step"] == best_step and meta["trained_steps"] == res["step"]
+    run_cli("predict", "--model", md / "export", "--input", small / "test",
+            "--out", tmp_path / "p.csv")
+    from ctrtrain.metrics import roc_auc
+    rows = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)
+    assert roc_auc(rows[:, 2], rows[:, 1]) == pytest.approx(res["test"]["auc"], abs=1e-6)
+    assert f"model: step {best_step} (epoch {best_step // epoch}), the best validation auc" \
+        in r.stdout
+    assert "no validation set" not in r.stdout
+    # The last state is the checkpoint a resumed run continues from; the best one is beside it.
+    assert (md / "checkpoints" / f"ckpt-{res['step']}.index").exists()
+    assert json.loads((md / "best" / "best.json").read_text())["step"] == best_step
+
+
+def test_logloss_monitored_without_early_stopping(small, tmp_path):
+    md = tmp_path / "m"
+    _, res, events = train(small, md, "--epochs", "5", "--monitor", "logloss",
+                           "--early-stopping", "0")
+    valid = evals(events, "valid")
+    assert not res["stopped_early"] and [s for s, _ in valid] == [50, 100, 150, 200, 250]
+    best_step = min(valid, key=lambda se: se[1]["logloss"])[0]
+    assert best_step < 250 and res["selected"]["step"] == best_step
+    assert res["selected"]["monitor"] == "logloss"
+
+
+def test_without_a_validation_split_the_last_model_and_a_note(small, tmp_path):
+    r, res, events = train(small, tmp_path / "m", "--epochs", "2", valid=False)
+    assert "no validation set: the last model is exported; `ctrtrain data split` makes one" \
+        in r.stdout
+    assert "selected" not in res and res["test"]["examples"] == 800
+    assert not (tmp_path / "m" / "best").exists()
+
+
+def test_export_best_off_exports_the_last(small, tmp_path):
+    md = tmp_path / "m"
+    _, res, events = train(small, md, "--epochs", "4", "--early-stopping", "0",
+                           "--no-export-best")
+    sel = res["selected"]
+    assert sel["step"] == res["step"] == 200 and sel["last"]["step"] == 200
+    assert not (md / "best").exists()
