@@ -4,6 +4,8 @@ better one, and tests and exports the best model, not the last. Real training ru
 table that over-fits within a few epochs at a high learning rate."""
 
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -30,13 +32,12 @@ def evals(events, split):
     return [(e["step"], e) for e in events if e["event"] == "eval" and e["split"] == split]
 
 
-@pytest.mark.parametrize("mode", ["single", "mirrored"])
-def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
-    md = tmp_path / "m"
-    r, res, events = train(small, md, "--epochs", "30", "--eval-test", "--mode", mode)
+def assert_best_tested_and_exported(res, events, meta):
+    """Evaluated every epoch, stopped 2 evaluations after the best validation AUC, and the
+    best model's figures are the final ones: its validation AUC, and a final test evaluation
+    equal to the test split's evaluation at that step during training (--eval-test)."""
     valid = evals(events, "valid")
     epoch = 6400 // res["global_batch"]      # steps: 50 in one process, 25 with 2 replicas
-    # Every epoch evaluated by default; stopped 2 evaluations after the best.
     assert [s for s, _ in valid][:3] == [epoch, 2 * epoch, 3 * epoch]
     midway = [(s, e) for s, e in valid if s < res["step"]] + [valid[-1]]
     best_step, best = max(midway, key=lambda se: se[1]["auc"])
@@ -45,14 +46,21 @@ def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
     assert sel["step"] == best_step and sel["best"] and sel["epoch"] == best_step / epoch
     assert sel["valid"]["auc"] == res["valid"]["auc"] == pytest.approx(best["auc"], abs=1e-9)
     assert sel["last"]["step"] == res["step"] and sel["last"]["valid"]["auc"] < best["auc"]
-    # The final test evaluation is of the best model: the same figures as the test split's
-    # evaluation at that step during training.
     test_then = dict(evals(events, "test"))[best_step]
     assert res["test"]["auc"] == pytest.approx(test_then["auc"], abs=1e-7)
     assert res["test"]["logloss"] == pytest.approx(test_then["logloss"], rel=1e-6)
-    # ... and so is the export: its record, and its predictions of the test split.
-    meta = json.loads(next((md / "export").glob("*/assets.extra/ctrtrain.json")).read_text())
     assert meta["step"] == best_step and meta["trained_steps"] == res["step"]
+    return best_step, epoch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["single", "mirrored"])
+def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
+    md = tmp_path / "m"
+    r, res, events = train(small, md, "--epochs", "30", "--eval-test", "--mode", mode)
+    meta = json.loads(next((md / "export").glob("*/assets.extra/ctrtrain.json")).read_text())
+    best_step, epoch = assert_best_tested_and_exported(res, events, meta)
+    # The export's predictions of the test split are the best model's.
     run_cli("predict", "--model", md / "export", "--input", small / "test",
             "--out", tmp_path / "p.csv")
     from ctrtrain.metrics import roc_auc
@@ -64,6 +72,33 @@ def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
     # The last state is the checkpoint a resumed run continues from; the best one is beside it.
     assert (md / "checkpoints" / f"ckpt-{res['step']}.index").exists()
     assert json.loads((md / "best" / "best.json").read_text())["step"] == best_step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["deepfm-allreduce", "horovod"])
+def test_multi_process_jobs_evaluate_every_epoch_and_export_the_best(small, tmp_path, example):
+    """2 all-reduce workers (or Horovod ranks, TF 2.15) through the SageMaker recipe with a
+    validation channel: the chief evaluates each epoch while the other rank waits, both stop
+    at the same step, and the best model is exported."""
+    from test_distributed import HVD_PYTHON, channels, launch
+    python = sys.executable
+    if example == "horovod":
+        if not HVD_PYTHON.exists():
+            if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
+                pytest.fail(f"{HVD_PYTHON} is missing: run scripts/horovod_env.sh")
+            pytest.skip("no Horovod environment (scripts/horovod_env.sh builds it; CI does)")
+        python = HVD_PYTHON
+    ch = {**channels(small), "validation": {"path": str(small / "valid")}}
+    res, job, out = launch(tmp_path, example, small, python=python, channels=ch,
+                           hyperparameters={"epochs": 30, "batch_size": 64,
+                                            "learning_rate": 0.01, "eval_test": True},
+                           instance_groups=[{"name": "train", "hosts": 2,
+                                             "processes_per_host": 1}])
+    assert res["replicas"] == 2 and res["global_batch"] == 128
+    events = [json.loads(line) for line in
+              (tmp_path / "run" / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    meta = json.loads(next((tmp_path / "run").rglob("assets.extra/ctrtrain.json")).read_text())
+    assert_best_tested_and_exported(res, events, meta)
 
 
 def test_logloss_monitored_without_early_stopping(small, tmp_path):

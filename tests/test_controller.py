@@ -49,6 +49,9 @@ class FakeTrainer:
         self.evals.append(step)
         return {"auc": self.aucs.pop(0)} if self.aucs else None
 
+    def agree(self, stop):
+        return stop
+
     def keep_best(self, record):
         self.kept.append(record["step"])
 
@@ -137,3 +140,13 @@ def test_sigterm_saves_then_raises_interrupted():
     with pytest.raises(Interrupted) as e:
         run(t, checkpoint_every=0)
     assert e.value.exit_code == 143 and e.value.step == 33 and t.saves == [33]
+
+
+def test_a_rank_that_does_not_evaluate_stops_when_the_chief_decides():
+    """Another rank of a multi-process job: its evaluate returns None (the chief evaluates),
+    and it stops at the step the chief's decision (trainer.agree) names."""
+    t = FakeTrainer()
+    t.agree = lambda stop: (not stop) and t.step == 30
+    out, log = run(t, eval_every=10, early_stopping=2, keep_best=True)
+    assert out.stopped_early and out.step == 30 and t.evals == [10, 20, 30]
+    assert out.best is None and t.kept == [] and log.kinds("early_stop") == []

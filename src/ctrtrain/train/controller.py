@@ -11,6 +11,8 @@ A trainer runs steps and reports what they cost:
     trainer.train_steps(n, stop)      -> StepStats (stops early when stop() or the data ends)
     trainer.save(step)                a checkpoint (the chief's; others do nothing)
     trainer.evaluate(name, step)      -> {"auc", "logloss", ...} of the valid/test split, or None
+                                      (no split, or not the chief)
+    trainer.agree(stop)               -> the chief's decision, on every process of the job
     trainer.keep_best(record)         keeps the model as the best evaluated (model_dir.BEST)
     trainer.best_kept()               -> that record, from an earlier run a resumed one continues
     trainer.restore_best(record)      the model's variables as they were at that evaluation
@@ -62,6 +64,8 @@ class Trainer(Protocol):
 
     def evaluate(self, name: str, step: int, keep: bool = False) -> dict | None: ...
 
+    def agree(self, stop: bool) -> bool: ...
+
     def keep_best(self, record: dict) -> None: ...
 
     def best_kept(self) -> dict | None: ...
@@ -87,6 +91,9 @@ class ChiefActions:
         split_dir = self.cfg.valid_dir if name == "valid" else self.cfg.test_dir
         return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
                               keep=keep)
+
+    def agree(self, stop: bool) -> bool:
+        return stop         # one process decides
 
     def keep_best(self, record: dict) -> None:
         from pathlib import Path
@@ -214,22 +221,23 @@ class Controller:
                     t.save(t.step)
                     last_ckpt = time.monotonic()
                 if s.eval_every and t.step % s.eval_every == 0 and t.step != s.total_steps:
-                    r_eval = t.evaluate("valid", t.step)
+                    r_eval = t.evaluate("valid", t.step)      # the chief's; None elsewhere
                     if s.eval_test:
                         t.evaluate("test", t.step)
-                    if r_eval is None:
-                        continue
-                    if improves(r_eval, best, s.monitor):
+                    stop_now = False
+                    if r_eval is not None and improves(r_eval, best, s.monitor):
                         best, bad_evals = best_record(s, t.step, r_eval), 0
                         if s.keep_best:
                             t.keep_best(best)
-                    else:
+                    elif r_eval is not None:
                         bad_evals += 1
-                        if s.early_stopping and bad_evals >= s.early_stopping:
-                            stopped_early = True
+                        stop_now = bool(s.early_stopping) and bad_evals >= s.early_stopping
+                    if t.agree(stop_now):     # every process stops at the same step
+                        stopped_early = True
+                        if best is not None:
                             self.log.event("early_stop", step=t.step, best_step=best["step"],
                                            **{f"best_{s.monitor}": best["valid"][s.monitor]})
-                            break
+                        break
         flush(t.step)
         return Outcome(t.step, stopped_early, windows, totals.input_wait_s, totals.compute_s,
                        best, s)
@@ -307,8 +315,7 @@ def announce_model_choice(log, cfg, schedule: Schedule) -> None:
         print("no validation set: the last model is exported; `ctrtrain data split` makes one",
               flush=True)
     elif cfg.export_best and not schedule.eval_every:
-        why = ("eval_every 0" if cfg.eval_every != "auto" else "a Pipe stream has no known "
-               "epoch" if cfg.input_mode == "Pipe" else f"mode {cfg.mode} evaluates it there")
+        why = "eval_every 0" if cfg.eval_every != "auto" else "a Pipe stream has no known epoch"
         print(f"validation set evaluated at the end only ({why}): the last model is exported",
               flush=True)
 

@@ -133,17 +133,16 @@ def planned_steps(cfg: TrainConfig, records: int, global_batch: int, batch_desc:
 
 
 def schedule_of(cfg: TrainConfig, total_steps: int | None, records: int | None,
-                global_batch: int, evaluates_midway: bool = True):
+                global_batch: int):
     """The controller's schedule in steps: settings given in epochs ('0.5 epochs') become
     steps of this run's global batch. eval_every `auto`: every epoch with a validation split
-    where the mode evaluates mid-training (`evaluates_midway`) and an epoch has a known
-    length, else at the end only."""
+    and a known epoch length (not a Pipe stream), else at the end only."""
     from .controller import Schedule
 
     def steps(name):
         v = getattr(cfg, name)
         if v == "auto":
-            v = "1 epochs" if cfg.valid_dir and evaluates_midway and records else 0
+            v = "1 epochs" if cfg.valid_dir and records else 0
         if not isinstance(v, str):
             return v
         if not records:

@@ -4,8 +4,9 @@ each combines gradients), run by the controller.
 In a multi-process job every process runs the same number of steps, computed from the job's
 total record count (summed over readers at start), and repeats its own part of the data as
 often as needed, so uneven shards never leave a rank waiting for the others. Only the chief
-writes: checkpoints, metrics, evaluation at the end and the export (other ranks do not wait
-for its evaluation: they have finished)."""
+writes: checkpoints, metrics, evaluations and the export. Mid-training the other ranks wait
+for its evaluation (and its early-stopping decision, SyncTrainer.agree); at the end they do
+not (they have finished)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,19 @@ class SyncTrainer(ChiefActions):
             write_checkpoint(self.manager, step)
             self.log.event("checkpoint", step=step)
 
+    def evaluate(self, name: str, step: int, keep: bool = False):
+        """The chief evaluates; every process settles its own copy of the tables first, so the
+        replicas stay equal."""
+        if self.rt.is_chief:
+            return super().evaluate(name, step, keep)
+        self.settle()
+        return None
+
+    def agree(self, stop: bool) -> bool:
+        """The chief's decision on every rank (a collective: the other ranks wait here while
+        the chief evaluates)."""
+        return self.rt.sum_over_readers(int(stop)) > 0
+
 
 def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     import tensorflow as tf
@@ -101,13 +115,14 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
                               "every rank needs data")
         total_steps = planned_steps(cfg, total_records, global_batch,
                                     f"the global batch ({cfg.batch_size} x {rt.replicas} replicas)")
-    # Several readers: the chief alone evaluates, at the end (mid-training it would stall
-    # the other ranks), so `auto` evaluates there only.
-    schedule = schedule_of(cfg, total_steps, total_records, global_batch,
-                           evaluates_midway=rt.readers <= 1)
-    if schedule.eval_every and rt.readers > 1:
-        raise ConfigError(f"eval_every: in mode {cfg.mode} the chief evaluates at the end only "
-                          "(evaluating mid-training would stall the other ranks)")
+    # Several readers: the chief evaluates while the other ranks wait for its decision, so
+    # all must evaluate at the same steps (a rank without the validation channel would not).
+    schedule = schedule_of(cfg, total_steps, total_records, global_batch)
+    if rt.readers > 1 and rt.sum_over_readers(schedule.eval_every) != \
+            rt.readers * schedule.eval_every:
+        raise ConfigError(f"the ranks of mode {cfg.mode} would evaluate at different steps "
+                          f"(this one every {schedule.eval_every or 'never'}): give every host "
+                          "the validation channel, or the same eval_every")
     md = prepare_model_dir(cfg, feature_size, m.field_size, write=rt.is_chief,
                            train_data=data_fingerprint(m))
     tf.random.set_seed(cfg.seed)
