@@ -4,7 +4,6 @@ better one, and tests and exports the best model, not the last. Real training ru
 table that over-fits within a few epochs at a high learning rate."""
 
 import json
-import os
 import sys
 
 import numpy as np
@@ -80,14 +79,8 @@ def test_multi_process_jobs_evaluate_every_epoch_and_export_the_best(small, tmp_
     """2 all-reduce workers (or Horovod ranks, TF 2.15) through the SageMaker recipe with a
     validation channel: the chief evaluates each epoch while the other rank waits, both stop
     at the same step, and the best model is exported."""
-    from test_distributed import HVD_PYTHON, channels, launch
-    python = sys.executable
-    if example == "horovod":
-        if not HVD_PYTHON.exists():
-            if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
-                pytest.fail(f"{HVD_PYTHON} is missing: run scripts/horovod_env.sh")
-            pytest.skip("no Horovod environment (scripts/horovod_env.sh builds it; CI does)")
-        python = HVD_PYTHON
+    from test_distributed import channels, hvd_python, launch
+    python = hvd_python() if example == "horovod" else sys.executable
     ch = {**channels(small), "validation": {"path": str(small / "valid")}}
     res, job, out = launch(tmp_path, example, small, python=python, channels=ch,
                            hyperparameters={"epochs": 30, "batch_size": 64,

@@ -36,6 +36,16 @@ def channels(data, sharded=False):
             "test": {"path": str(data / "test")}}
 
 
+def hvd_python() -> Path:
+    """.venv-hvd's python (TF 2.15: Horovod, tf.estimator); the test is skipped without it,
+    or fails where CTRTRAIN_REQUIRE_HOROVOD says the environment must be there (CI)."""
+    if not HVD_PYTHON.exists():
+        if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
+            pytest.fail(f"{HVD_PYTHON} is missing: run scripts/horovod_env.sh")
+        pytest.skip("no .venv-hvd (TF 2.15, Horovod; scripts/horovod_env.sh builds it; CI does)")
+    return HVD_PYTHON
+
+
 def launch(tmp_path, example, data, python=sys.executable, sharded=False, runs=None, **over):
     """(result.json, job.json, the launch's stdout) of EXAMPLE's job on DATA. With RUNS
     ({name: settings}) the job's entry is tests/jobs/train_each_model.py, whose processes

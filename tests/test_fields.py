@@ -222,15 +222,9 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
     own test does not launch (test_models.py: all-reduce, parameter servers) also train every
     other model in turn in the same processes, in the 2.21 pass (and in Horovod's ranks)."""
     import tensorflow as tf
-    from test_distributed import HVD_PYTHON, launch
+    from test_distributed import hvd_python, launch
     from test_models import assert_family_trained, family
-    python = sys.executable
-    if example == "horovod":
-        if not HVD_PYTHON.exists():
-            if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
-                pytest.fail(f"{HVD_PYTHON} is missing: run scripts/horovod_env.sh")
-            pytest.skip("no Horovod environment (scripts/horovod_env.sh builds it; CI does)")
-        python = HVD_PYTHON
+    python = hvd_python() if example == "horovod" else sys.executable
     with_family = example == "horovod" or (example != "deepfm-allreduce"
                                            and not tf.__version__.startswith("2.15"))
     runs = {"deepfm": {"epochs": 1, **hp}, **(family(**hp) if with_family else {})}

@@ -5,7 +5,6 @@ hyperparameters as written, schedules in epochs, a configuration file, predictio
 
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -190,16 +189,13 @@ def test_schedules_in_epochs_config_files_and_test_predictions(tmp_path, data):
 def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_path, loose):
     """With --estimator-python, the SageMaker sample's TF1 Estimator (estimator_runner.py, in
     .venv-hvd: tf.estimator is gone from TF 2.16 on) is measured on the same data."""
-    from test_distributed import HVD_PYTHON
-    if not HVD_PYTHON.exists():
-        if os.environ.get("CTRTRAIN_REQUIRE_HOROVOD"):
-            pytest.fail(f"{HVD_PYTHON} is missing (bash scripts/horovod_env.sh)")
-        pytest.skip("needs .venv-hvd (TF 2.15, tf.estimator)")
+    from test_distributed import hvd_python
+    estimator_python = hvd_python()
     out = tmp_path / "b.json"
     r = subprocess.run([sys.executable, "-m", "ctrtrain.cli", "bench", "train", "--data",
                         str(loose / "tr-*.tfrecords"), "--steps", "20", "--warmup", "5",
                         "--repeats", "1", "--work-dir", str(tmp_path / "w"), "--json", str(out),
-                        "--estimator-python", str(HVD_PYTHON)],
+                        "--estimator-python", str(estimator_python)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     b = json.loads(out.read_text())
