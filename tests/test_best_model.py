@@ -77,14 +77,15 @@ def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
 @pytest.mark.parametrize("example", ["deepfm-allreduce", "horovod"])
 def test_multi_process_jobs_evaluate_every_epoch_and_export_the_best(small, tmp_path, example):
     """2 all-reduce workers (or Horovod ranks, TF 2.15) through the SageMaker recipe with a
-    validation channel: the chief evaluates each epoch while the other rank waits, both stop
-    at the same step, and the best model is exported."""
+    validation channel: the chief evaluates each epoch while the other rank waits, both decay
+    the learning rate and stop at the same step, and the best model is exported."""
     from test_distributed import channels, hvd_python, launch
     python = hvd_python() if example == "horovod" else sys.executable
     ch = {**channels(small), "validation": {"path": str(small / "valid")}}
     res, job, out = launch(tmp_path, example, small, python=python, channels=ch,
                            hyperparameters={"epochs": 30, "batch_size": 64,
-                                            "learning_rate": 0.01, "eval_test": True},
+                                            "learning_rate": 0.01, "eval_test": True,
+                                            "lr_decay_on_plateau": 0.5},
                            instance_groups=[{"name": "train", "hosts": 2,
                                              "processes_per_host": 1}])
     assert res["replicas"] == 2 and res["global_batch"] == 128
@@ -92,6 +93,10 @@ def test_multi_process_jobs_evaluate_every_epoch_and_export_the_best(small, tmp_
               (tmp_path / "run" / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
     meta = json.loads(next((tmp_path / "run").rglob("assets.extra/ctrtrain.json")).read_text())
     assert_best_tested_and_exported(res, events, meta)
+    # The chief's decision to halve the rate reached every rank (or the job would have hung
+    # in a collective), as did its decision to stop.
+    assert [e["learning_rate"] for e in events if e["event"] == "lr_decay"][:1] == \
+        pytest.approx([0.005])
 
 
 def test_logloss_monitored_without_early_stopping(small, tmp_path):
@@ -120,3 +125,30 @@ def test_export_best_off_exports_the_last(small, tmp_path):
     sel = res["selected"]
     assert sel["step"] == res["step"] == 200 and sel["last"]["step"] == 200
     assert not (md / "best").exists()
+
+
+@pytest.mark.parametrize("optimizer,updates,refused", [
+    ("ftrl", "catchup", True), ("momentum", "auto", True), ("ftrl", "lazy", False),
+    ("adam", "catchup", False), ("adagrad", "auto", False)])
+def test_lr_decay_refused_where_the_catch_up_holds_the_rate(optimizer, updates, refused):
+    from ctrtrain.errors import ConfigError
+    from ctrtrain.train.config import TrainConfig, check_config
+    cfg = TrainConfig(train_dir="t", model_dir="m", optimizer=optimizer, table_updates=updates,
+                      lr_decay_on_plateau=0.1)
+    if refused:
+        with pytest.raises(ConfigError, match=f"lr_decay_on_plateau: optimizer {optimizer}'s"):
+            check_config(cfg)
+    else:
+        check_config(cfg)
+
+
+def test_the_learning_rate_decays_on_a_plateau(small, tmp_path):
+    """--lr-decay-on-plateau 0.1: after each evaluation without a better validation AUC the
+    rate is a tenth, logged; the run still stops and exports the best."""
+    _, res, events = train(small, tmp_path / "m", "--epochs", "30", "--lr-decay-on-plateau",
+                           "0.1", "--early-stopping", "3")
+    decays = [e for e in events if e["event"] == "lr_decay"]
+    assert 1 <= len(decays) <= 2 and res["stopped_early"]
+    assert [d["learning_rate"] for d in decays] == pytest.approx([1e-3, 1e-4][:len(decays)],
+                                                                  rel=1e-5)
+    assert res["selected"]["best"] and res["selected"]["step"] < res["step"]

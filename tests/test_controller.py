@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from ctrtrain.errors import DataError
-from ctrtrain.train.controller import Controller, NonFiniteLoss, Schedule, StepStats
+from ctrtrain.train.controller import STOP, Controller, NonFiniteLoss, Schedule, StepStats
 from ctrtrain.train.stop import Interrupted
 
 
@@ -18,7 +18,7 @@ class FakeTrainer:
         self.step, self.saves, self.evals, self.calls = 0, [], [], []
         self.aucs, self.losses = list(aucs), losses or {}
         self.data_steps, self.signal_at = data_steps, signal_at
-        self.kept, self.earlier_best = [], None
+        self.kept, self.earlier_best, self.lr = [], None, 1.0
 
     def train_steps(self, n, stop):
         self.calls.append(n)
@@ -49,8 +49,12 @@ class FakeTrainer:
         self.evals.append(step)
         return {"auc": self.aucs.pop(0)} if self.aucs else None
 
-    def agree(self, stop):
-        return stop
+    def agree(self, decision):
+        return decision
+
+    def scale_learning_rate(self, factor):
+        self.lr *= factor
+        return self.lr
 
     def keep_best(self, record):
         self.kept.append(record["step"])
@@ -146,7 +150,14 @@ def test_a_rank_that_does_not_evaluate_stops_when_the_chief_decides():
     """Another rank of a multi-process job: its evaluate returns None (the chief evaluates),
     and it stops at the step the chief's decision (trainer.agree) names."""
     t = FakeTrainer()
-    t.agree = lambda stop: (not stop) and t.step == 30
+    t.agree = lambda decision: STOP if decision == 0 and t.step == 30 else 0
     out, log = run(t, eval_every=10, early_stopping=2, keep_best=True)
     assert out.stopped_early and out.step == 30 and t.evals == [10, 20, 30]
     assert out.best is None and t.kept == [] and log.kinds("early_stop") == []
+
+
+def test_the_learning_rate_decays_after_each_evaluation_without_improvement():
+    t = FakeTrainer(aucs=[0.70, 0.69, 0.71, 0.70, 0.70])
+    out, log = run(t, eval_every=10, early_stopping=2, lr_decay=0.1)
+    assert [s for s, _ in log.kinds("lr_decay")] == [20, 40]
+    assert t.lr == pytest.approx(0.01) and out.stopped_early and out.step == 50

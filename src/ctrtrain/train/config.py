@@ -155,6 +155,10 @@ class TrainConfig:
     optimizer: str = setting("adam", "optimizer", " | ".join(OPTIMIZERS), _choice(*OPTIMIZERS))
     learning_rate: float = setting(1e-3, "optimizer", "learning rate (0 freezes the model)",
                                    number(float, 0))
+    lr_decay_on_plateau: float = setting(0.0, "optimizer", "multiply the learning rate by this "
+                                         "after each evaluation of the validation split without "
+                                         "a better monitored metric (FuxiCTR: 0.1; 0: off)",
+                                         number(float, 0, high=0.999))
     adam_beta1: float = setting(0.9, "optimizer", "Adam's beta1", number(float, 0, high=1))
     adam_beta2: float = setting(0.999, "optimizer", "Adam's beta2", number(float, 0, high=1))
     adam_epsilon: float = setting(1e-7, "optimizer", "Adam's epsilon", number(float, 0, low_open=True))
@@ -358,6 +362,13 @@ def check_config(cfg: TrainConfig):
                           "layers (give one, or one per layer)")
     if cfg.input_mode not in ("File", "Pipe"):
         raise ConfigError(f"input_mode must be File or Pipe, not {cfg.input_mode!r}")
+    # Adam's and Adagrad's catch-up read the learning rate at each step; these hold it (in a
+    # closed form, or in the weights FTRL rebuilds from its slots).
+    if cfg.lr_decay_on_plateau and cfg.optimizer in ("momentum", "sgd", "ftrl") and \
+            cfg.table_updates not in ("dense", "lazy"):
+        raise ConfigError(f"lr_decay_on_plateau: optimizer {cfg.optimizer}'s catch-up of the "
+                          "table's skipped steps holds the learning rate; use table_updates "
+                          "dense or lazy, or optimizer adam or adagrad")
     for name in ("train_dir", "valid_dir", "test_dir"):
         if isinstance(getattr(cfg, name), (list, tuple)):   # one path in a list: that path
             setattr(cfg, name, _source(getattr(cfg, name)))

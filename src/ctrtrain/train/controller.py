@@ -12,7 +12,8 @@ A trainer runs steps and reports what they cost:
     trainer.save(step)                a checkpoint (the chief's; others do nothing)
     trainer.evaluate(name, step)      -> {"auc", "logloss", ...} of the valid/test split, or None
                                       (no split, or not the chief)
-    trainer.agree(stop)               -> the chief's decision, on every process of the job
+    trainer.agree(decision)           -> the chief's decision (STOP | DECAY), on every process
+    trainer.scale_learning_rate(f)    multiplies the learning rate by f (a decay on a plateau)
     trainer.keep_best(record)         keeps the model as the best evaluated (model_dir.BEST)
     trainer.best_kept()               -> that record, from an earlier run a resumed one continues
     trainer.restore_best(record)      the model's variables as they were at that evaluation
@@ -64,7 +65,9 @@ class Trainer(Protocol):
 
     def evaluate(self, name: str, step: int, keep: bool = False) -> dict | None: ...
 
-    def agree(self, stop: bool) -> bool: ...
+    def agree(self, decision: int) -> int: ...
+
+    def scale_learning_rate(self, factor: float) -> float: ...
 
     def keep_best(self, record: dict) -> None: ...
 
@@ -92,8 +95,14 @@ class ChiefActions:
         return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
                               keep=keep)
 
-    def agree(self, stop: bool) -> bool:
-        return stop         # one process decides
+    def agree(self, decision: int) -> int:
+        return decision     # one process decides
+
+    def scale_learning_rate(self, factor: float) -> float:
+        """The learning rate times `factor` from the next step on (every row was settled by
+        the evaluation just before: the catch-up stays exact); returns the new rate."""
+        self.opt.lr_scale.assign(self.opt.lr_scale * factor)
+        return float(self.opt.learning_rate.numpy())
 
     def keep_best(self, record: dict) -> None:
         from pathlib import Path
@@ -125,6 +134,7 @@ class Schedule:
     early_stopping: int = 0        # evaluations without a better monitored metric: stop
     eval_test: bool = False        # evaluate the test split beside the validation split
     monitor: str = "auc"           # the validation metric that picks the best model
+    lr_decay: float = 0.0          # the learning rate's factor after an evaluation without one
     keep_best: bool = False        # keep the best model's variables (the trainer's keep_best)
     steps_per_epoch: float | None = None   # to say at which epoch the best model was
 
@@ -224,15 +234,22 @@ class Controller:
                     r_eval = t.evaluate("valid", t.step)      # the chief's; None elsewhere
                     if s.eval_test:
                         t.evaluate("test", t.step)
-                    stop_now = False
+                    decision = 0
                     if r_eval is not None and improves(r_eval, best, s.monitor):
                         best, bad_evals = best_record(s, t.step, r_eval), 0
                         if s.keep_best:
                             t.keep_best(best)
                     elif r_eval is not None:
                         bad_evals += 1
-                        stop_now = bool(s.early_stopping) and bad_evals >= s.early_stopping
-                    if t.agree(stop_now):     # every process stops at the same step
+                        if s.early_stopping and bad_evals >= s.early_stopping:
+                            decision = STOP
+                        elif s.lr_decay:
+                            decision = DECAY
+                    decision = t.agree(decision)     # every process acts at the same step
+                    if decision & DECAY:
+                        lr = t.scale_learning_rate(s.lr_decay)
+                        self.log.event("lr_decay", step=t.step, learning_rate=lr)
+                    if decision & STOP:
                         stopped_early = True
                         if best is not None:
                             self.log.event("early_stop", step=t.step, best_step=best["step"],
@@ -241,6 +258,9 @@ class Controller:
         flush(t.step)
         return Outcome(t.step, stopped_early, windows, totals.input_wait_s, totals.compute_s,
                        best, s)
+
+
+STOP, DECAY = 1, 2      # what an evaluation decides (Controller.run; trainer.agree)
 
 
 def improves(figures: dict, best: dict | None, monitor: str) -> bool:

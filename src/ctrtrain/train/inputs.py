@@ -151,5 +151,6 @@ def schedule_of(cfg: TrainConfig, total_steps: int | None, records: int | None,
     every = {n: steps(n) for n in ("log_every", "checkpoint_every", "eval_every")}
     return Schedule(total_steps, every["log_every"], every["checkpoint_every"],
                     cfg.checkpoint_secs, every["eval_every"], cfg.early_stopping, cfg.eval_test,
-                    monitor=cfg.monitor, keep_best=cfg.export_best and bool(cfg.valid_dir),
+                    monitor=cfg.monitor, lr_decay=cfg.lr_decay_on_plateau,
+                    keep_best=cfg.export_best and bool(cfg.valid_dir),
                     steps_per_epoch=records / global_batch if records else None)

@@ -86,10 +86,10 @@ class SyncTrainer(ChiefActions):
         self.settle()
         return None
 
-    def agree(self, stop: bool) -> bool:
-        """The chief's decision on every rank (a collective: the other ranks wait here while
-        the chief evaluates)."""
-        return self.rt.sum_over_readers(int(stop)) > 0
+    def agree(self, decision: int) -> int:
+        """The chief's decision on every rank (a collective: the other ranks, whose decision is
+        0, wait here while the chief evaluates)."""
+        return self.rt.sum_over_readers(decision)
 
 
 def train_sync(cfg: TrainConfig, threads, rt) -> dict:

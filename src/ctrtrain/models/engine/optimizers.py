@@ -121,7 +121,8 @@ class Adam(Optimizer):
 
     def _decayed_math(self, m, v, last, k, stored, iterations):
         root_v = tf.sqrt(v)
-        drift = self._drift(m, root_v, last, k, self.epsilon)
+        # The drift is linear in the learning rate, whose base value the tables hold.
+        drift = self._drift(m, root_v, last, k, self.epsilon) * self.lr_scale
         kf = tf.cast(k, tf.float32)[:, None]
         b1k, b2k = tf.pow(self.beta1, kf), tf.pow(self.beta2, kf)
         if not self.table_l2:

@@ -68,7 +68,12 @@ class Optimizer(tf.Module):
         if table_updates not in TABLE_UPDATES:
             raise ConfigError(f"table_updates must be one of {', '.join(TABLE_UPDATES)}, "
                               f"not {table_updates!r}")
-        self.learning_rate = learning_rate
+        self.base_learning_rate = learning_rate
+        # What decays on a plateau have made of it (train/controller.py): checkpointed, so a
+        # resumed run keeps them whatever learning rate it is given. A decay comes right after
+        # an evaluation has settled every row, so the catch-up of later skipped steps spans
+        # steps of one learning rate.
+        self.lr_scale = tf.Variable(1.0, trainable=False, name="lr_scale")
         self.table_updates, self.table_l2 = table_updates, table_l2
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
         self.slots: list[dict[str, tf.Variable]] = []
@@ -79,6 +84,11 @@ class Optimizer(tf.Module):
         # Set past tf.Module's attribute tracking: tensors of a trace, never checkpointed.
         object.__setattr__(self, "_pending", {})
         self._reuse = False
+
+    @property
+    def learning_rate(self):
+        """The learning rate now (a tensor: read at every step)."""
+        return self.base_learning_rate * self.lr_scale
 
     def build(self, variables, tables=()):
         """Creates the slots of each variable (call inside the strategy's scope if any).
