@@ -461,6 +461,24 @@ def test_bench_train_measures_din_beside_deepctrs_on_declared_fields(history_dat
 
 
 @pytest.mark.slow
+def test_bench_train_din_without_data_makes_the_reference_with_a_history(tmp_path):
+    """`bench train --model din` on the synthesized reference: one of its categorical fields
+    replaced by a history of up to 20 ids, weighed against C1 (DeepCTR's DIN likewise)."""
+    from test_bench import deepctr_python
+    peer = deepctr_python()
+    run_cli("bench", "train", "--model", "din", "--rows", 8_000, "--feature-size", 5_000,
+            "--steps", 4, "--warmup", 2, "--repeats", 1, "--work-dir", tmp_path / "w",
+            "--json", tmp_path / "b.json", *(["--deepctr-python", peer] if peer else []))
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert "history-8000-5000-1x20" in b["data"]
+    fields = json.loads((Path(b["data"]) / "manifest.json").read_text())["fields"]
+    assert fields[-1] == {"name": "S1", "kind": "sequence", "max_len": 20, "pooling": "mean"}
+    din = b["variants"]["reference"]
+    assert din["model"] == "din" and din["settings"] == {"din_target": "C1"}
+    assert din["examples_per_s"] > 0 and (not peer or din["deepctr"]["examples_per_s"] > 0)
+
+
+@pytest.mark.slow
 def test_dlrm_reads_declared_numeric_fields_through_its_bottom_mlp(tmp_path):
     """Declared numeric fields (values as the data holds them) enter DLRM's bottom MLP; the
     model trains, exports and predicts what training predicted, from records."""

@@ -55,22 +55,29 @@ def reference_run() -> dict:
 
 
 def prepare_multi_hot_data(work: Path, rows: int, feature_size: int, fields: int, length: int,
-                           zipf: float = REFERENCE["zipf"]) -> Path:
+                           zipf: float = REFERENCE["zipf"], kind: str = "multi_hot") -> Path:
     """The reference data with `fields` of its 26 categorical fields replaced by multi_hot
-    bags of 0 to `length` ids (a keyword vocabulary each: 20,000 ids in a table of 1M, a
-    fiftieth of smaller tables), made once."""
+    bags (or, kind "sequence", histories) of 0 to `length` ids (a vocabulary each: 20,000
+    ids in a table of 1M, a fiftieth of smaller tables), made once."""
     vocab = min(20_000, max(2, feature_size // 50))
     from ..data.manifest import MANIFEST_NAME
     from ..data.synth import CRITEO_CARDINALITIES, SynthConfig, synthesize
-    out = work / f"multihot-{rows}-{feature_size}-{fields}x{length}-zipf{zipf}"
+    name = "multihot" if kind == "multi_hot" else "history"
+    out = work / f"{name}-{rows}-{feature_size}-{fields}x{length}-zipf{zipf}"
     if (out / "train" / MANIFEST_NAME).exists():
         return out / "train"
+    shape = ({"multi_hot_fields": fields, "multi_hot_len": length} if kind == "multi_hot" else
+             {"sequence_fields": fields, "sequence_len": length})
     synthesize(out, SynthConfig(rows=rows, feature_size=feature_size, zipf=zipf,
                                 valid_fraction=0.0, test_fraction=0.0, files_per_split=8,
                                 categorical_fields=len(CRITEO_CARDINALITIES) - fields,
-                                multi_hot_fields=fields, multi_hot_len=length,
-                                multi_hot_vocab=vocab), overwrite=True)
+                                multi_hot_vocab=vocab, **shape), overwrite=True)
     return out / "train"
+
+
+# DIN's reference: the reference data with one categorical field replaced by a history of up
+# to 20 ids (DIN's and DeepCTR's examples use 20 to 50), weighed against field C1.
+HISTORY = {"length": 20, "din_target": "C1"}
 
 
 def batch_stats(data: str, batch_size: int, batches: int = 20) -> dict:
@@ -252,7 +259,7 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     same rows, trained as DeepCTR users train (Keras `fit` on arrays)."""
     from ..errors import ConfigError
     from .quality import DEEPCTR_MODELS
-    variants = variants or {"reference": {}}
+    variants = dict(variants or {"reference": {}})
     check_variants(variants, model)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -262,6 +269,16 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
         m, _ = resolve_source(data)
         field_size, rows, feature_size, schema = (m.field_size, m.records, m.feature_size,
                                                   m.schema)
+    elif any(v.get("model", model) == "din" for v in variants.values()):
+        # A history is what DIN reads; the other variants of the run train on the same data.
+        data = prepare_multi_hot_data(work, rows, feature_size, 1, HISTORY["length"],
+                                      kind="sequence")
+        from ..data.index import resolve_source
+        m, _ = resolve_source(data)
+        field_size, schema = m.field_size, m.schema
+        for name, over in variants.items():
+            if over.get("model", model) == "din":
+                variants[name] = {"din_target": HISTORY["din_target"], **over}
     else:
         data = prepare_reference_data(work, rows, feature_size)
     if deepctr_python and rows < (warmup + steps) * REFERENCE["batch_size"]:
