@@ -190,6 +190,7 @@ def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
             "--seeds", "2", "--work-dir", tmp_path / "w", "--json", tmp_path / "q.json",
             *(["--deepctr-python", peer] if peer else []), timeout=900)
     small = json.loads((tmp_path / "q.json").read_text())["sets"]["small"]
+    assert (tmp_path / "q.png").stat().st_size > 10_000      # the curves beside the report
     runs = small["runs"]
     assert set(runs) == {"ctrtrain auto:din_target=C1"} | ({"deepctr"} if peer else set())
     # --seeds 2: each trainer twice, seeds 0 and 1, different initial values: different AUCs;

@@ -354,7 +354,8 @@ def _bench_commands(sub):
                    help="run every trainer with this many seeds (0, 1, ...) and report each "
                         "one's mean test AUC with its standard error")
     p.add_argument("--work-dir", default="runs/bench-quality")
-    p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--json", default=None, help="also write the results here, and beside them "
+                   "(.png) each trainer's test AUC by epoch")
     p.set_defaults(func=cmd_bench_quality)
     p = bsub.add_parser("startup", help="where a small run's wall time goes: phases of "
                                         "`ctrtrain train` in fresh processes, and its exit")

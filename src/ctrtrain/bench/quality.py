@@ -233,7 +233,37 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
         print(format_set(name, entry), flush=True)
     if out:
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
+        plot_curves(report, Path(out).with_suffix(".png"))
     return report
+
+
+def plot_curves(report: dict, path: Path) -> None:
+    """Test AUC after each epoch, one line per trainer (the mean over seeds, the band their
+    range), one panel per data set: where each peaks and how fast it falls after."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    sets = report["sets"]
+    fig, axes = plt.subplots(1, len(sets), figsize=(6.5 * len(sets), 4.2), squeeze=False)
+    for ax, (name, s) in zip(axes[0], sets.items()):
+        runs = s.get("seeds") or {k: [{"epochs": v}] for k, v in s["runs"].items()}
+        for label, seeds in runs.items():
+            auc = np.array([[e["test"]["auc"] for e in r["epochs"]] for r in seeds])
+            epochs = np.arange(1, auc.shape[1] + 1)
+            line, = ax.plot(epochs, auc.mean(0), marker="o", ms=3, label=label)
+            if len(seeds) > 1:
+                ax.fill_between(epochs, auc.min(0), auc.max(0), color=line.get_color(), alpha=0.15)
+        n = len(next(iter(runs.values())))
+        ax.set_title(f"{name}: test AUC by epoch" + (f" (mean of {n} seeds, band: range)"
+                                                      if n > 1 else ""), fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("test AUC")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def format_set(name: str, s: dict) -> str:
