@@ -176,7 +176,7 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
     """`batch_size`: instead of the configuration's 1024 (small data sets). `model`: what
     every run trains (MODELS; its own options at their defaults); DeepCTR runs only for the
     models it has (DEEPCTR_MODELS). `seeds`: every run repeated with seeds 0..seeds-1 (initial
-    values, dropout; the rows' order is the data's), reported per seed and as a mean with its
+    values, dropout, shuffling), reported per seed and as a mean with its
     standard error: a difference of 0.002 is within one run's seed-to-seed spread."""
     from ..data.index import resolve_source
     config = {**CONFIG, **({"batch_size": batch_size} if batch_size else {}), "model": model,

@@ -54,7 +54,7 @@ def reference_run() -> dict:
     return {k: v for k, v in REFERENCE.items() if k not in ("rows", "feature_size", "zipf")}
 
 
-def prepare_multi_hot_data(work: Path, rows: int, feature_size: int, fields: int, length: int,
+def prepare_bag_data(work: Path, rows: int, feature_size: int, fields: int, length: int,
                            zipf: float = REFERENCE["zipf"], kind: str = "multi_hot") -> Path:
     """The reference data with `fields` of its 26 categorical fields replaced by multi_hot
     bags (or, kind "sequence", histories) of 0 to `length` ids (a vocabulary each: 20,000
@@ -263,17 +263,15 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     check_variants(variants, model)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
+    from ..data.index import resolve_source
     field_size, schema = 39, None
     if data:
-        from ..data.index import resolve_source
         m, _ = resolve_source(data)
         field_size, rows, feature_size, schema = (m.field_size, m.records, m.feature_size,
                                                   m.schema)
     elif any(v.get("model", model) == "din" for v in variants.values()):
         # A history is what DIN reads; the other variants of the run train on the same data.
-        data = prepare_multi_hot_data(work, rows, feature_size, 1, HISTORY["length"],
-                                      kind="sequence")
-        from ..data.index import resolve_source
+        data = prepare_bag_data(work, rows, feature_size, 1, HISTORY["length"], kind="sequence")
         m, _ = resolve_source(data)
         field_size, schema = m.field_size, m.schema
         for name, over in variants.items():
@@ -366,8 +364,8 @@ def run_multi_hot_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     sets = {"one-hot": prepare_reference_data(work, rows, feature_size),
-            f"multi-hot {fields}x{length}": prepare_multi_hot_data(work, rows, feature_size,
-                                                                 fields, length)}
+            f"multi-hot {fields}x{length}": prepare_bag_data(work, rows, feature_size,
+                                                             fields, length)}
     base = reference_run()
     base.update(steps=steps, warmup=warmup, window=window(warmup))
     out = {"machine": describe_machine(), "config": {**REFERENCE, "rows": rows,

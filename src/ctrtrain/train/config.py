@@ -184,7 +184,7 @@ class TrainConfig:
                                    _schedule)
     eval_every: int | str = setting("auto", "schedule", "evaluate the validation split every N "
                                     "steps or 'X epochs' (0: at the end only; auto: every epoch "
-                                    "where the mode can, else at the end)", _schedule)
+                                    "with a validation split, at the end for a Pipe stream)", _schedule)
     eval_test: bool = setting(False, "schedule", "at each evaluation also evaluate the test "
                               "split (learning curves; no decision uses it)", _bool)
     checkpoint_every: int | str = setting(1000, "schedule", "checkpoint every N steps or 'X "

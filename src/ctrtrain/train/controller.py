@@ -32,11 +32,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from pathlib import Path
 from typing import Callable, Protocol
 
 from .. import heartbeat
 from ..errors import DataError
 from ..progress import bar
+from . import model_dir
 from .stop import Interrupted, StopRequests
 
 
@@ -105,22 +107,13 @@ class ChiefActions:
         return float(self.opt.learning_rate.numpy())
 
     def keep_best(self, record: dict) -> None:
-        from pathlib import Path
-
-        from .model_dir import write_best
-        write_best(self.model, Path(self.cfg.model_dir), record)
+        model_dir.write_best(self.model, Path(self.cfg.model_dir), record)
 
     def best_kept(self) -> dict | None:
-        from pathlib import Path
-
-        from .model_dir import read_best
-        return read_best(Path(self.cfg.model_dir), self.cfg.monitor)
+        return model_dir.read_best(Path(self.cfg.model_dir), self.cfg.monitor)
 
     def restore_best(self, record: dict) -> None:
-        from pathlib import Path
-
-        from .model_dir import restore_best
-        restore_best(self.model, Path(self.cfg.model_dir), record)
+        model_dir.restore_best(self.model, Path(self.cfg.model_dir), record)
 
 
 @dataclasses.dataclass

@@ -176,7 +176,12 @@ def write_checkpoint(manager, step: int) -> None:
     except tf.errors.OpError as e:
         from ..errors import CtrError
         raise CtrError(f"cannot write the checkpoint of step {step} in {manager.directory}: "
-                       f"{e.message.strip().splitlines()[0] if e.message else e}") from None
+                       f"{_first_line(e)}") from None
+
+
+def _first_line(e) -> str:
+    """A TensorFlow OpError's message, its first line (the rest is a C++ stack)."""
+    return e.message.strip().splitlines()[0] if e.message else str(e)
 
 
 def saved_at(manager, step: int) -> bool:
@@ -198,7 +203,7 @@ def write_best(model, md: Path, record: dict) -> None:
     except tf.errors.OpError as e:
         from ..errors import CtrError
         raise CtrError(f"cannot write the best model (step {record['step']}) in {best}: "
-                       f"{e.message.strip().splitlines()[0] if e.message else e}") from None
+                       f"{_first_line(e)}") from None
     tmp = best / "best.json.tmp"
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(tmp, best / "best.json")
