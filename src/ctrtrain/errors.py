@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class CtrError(Exception):
     """Base for every error ctrtrain reports to a user (the CLI prints it without a traceback)."""
@@ -28,3 +30,11 @@ class DataError(CtrError):
 
 class ConfigError(CtrError):
     """A bad flag, job spec key or value; the message names it and what is allowed."""
+
+
+def named(error: OSError, path: str | os.PathLike) -> OSError:
+    """`error` naming `path` when it names no file: a write or close that fails (a full disk)
+    raises from the file object, which does not say which file it was."""
+    if error.filename is not None:
+        return error
+    return OSError(error.errno, error.strerror or str(error), str(path))

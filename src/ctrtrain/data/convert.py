@@ -17,10 +17,12 @@ from pathlib import Path
 from ..errors import DataError
 from .files import (
     count_lines,
+    finish_output_dir,
     list_inputs,
     prepare_output_dir,
     read_line_blocks,
     split_ranges,
+    staged,
 )
 from .libffm import FieldStats, check_declaration, is_libffm, parse_libffm, to_field_rows
 from .libsvm import BadRow, format_libsvm, parse_libsvm
@@ -140,6 +142,7 @@ def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | 
         vocabulary=os.path.basename(vocabulary_file) if vocabulary_file else None,
         extra={"source": files, "feature_size_inferred": feature_size is None})
     manifest.write(out)
+    finish_output_dir(out)
     return manifest
 
 
@@ -216,6 +219,7 @@ def libffm_to_tfrecord(files, out_dir, *, like: Manifest | None = None,
                "longer_than_max_len": {f.name: longer.get(f.name, 0)
                                        for f in schema.of("multi_hot")}})
     manifest.write(out)
+    finish_output_dir(out)
     return manifest
 
 
@@ -280,17 +284,11 @@ def _too_many_bad(bad: list[BadRow], max_bad: int) -> DataError:
 def _tfrecord_shard_to_libsvm(task):
     src, dst, field_size, compression = task
     from .tfrecord import read_rows  # TensorFlow, only in this direction
-    tmp = dst + ".tmp"
-    try:
-        records = 0
-        with open(tmp, "wb") as f:
-            for rows in read_rows(src, field_size, compression):
-                f.write(format_libsvm(rows))
-                records += len(rows)
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    records = 0
+    with staged(dst) as f:
+        for rows in read_rows(src, field_size, compression):
+            f.write(format_libsvm(rows))
+            records += len(rows)
     return FileEntry(os.path.basename(dst), records, os.path.getsize(dst), sha256_file(dst))
 
 
@@ -314,4 +312,5 @@ def tfrecord_to_libsvm(data_dir, out_dir, *, processes: int | None = None,
                         files=entries, positives=m.positives, vocabulary=m.vocabulary,
                         extra={"source": str(data_dir)})
     manifest.write(out)
+    finish_output_dir(out)
     return manifest

@@ -313,7 +313,7 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
     when there are multi-valued columns) with the vocabulary beside it. Without `vocab_path`
     the vocabulary is built from these inputs (the training split)."""
 
-    from .files import list_inputs, prepare_output_dir
+    from .files import finish_output_dir, list_inputs, prepare_output_dir, staged
     from .libsvm import format_libsvm
     from .manifest import FileEntry, Manifest, sha256_file
 
@@ -342,12 +342,11 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
                     w.abort()
                     raise
             else:
-                with open(str(dst) + ".tmp", "wb") as w:
+                with staged(dst) as w:
                     for rows in featurize_file(f, vocab, fmt, has_label, label_column):
                         w.write(format_libsvm(rows))
                         n += len(rows)
                         positives += int(rows.labels.sum())
-                os.replace(str(dst) + ".tmp", dst)
             entries.append(FileEntry(dst.name, n, dst.stat().st_size, sha256_file(dst)))
         vocab.save(str(out / VOCAB_NAME))
     except BaseException:
@@ -363,4 +362,5 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
                  vocabulary=VOCAB_NAME, extra=extra,
                  fields=fields.to_json() if fields else None)
     m.write(out)
+    finish_output_dir(out)
     return m

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
-from .manifest import MANIFEST_NAME
+from ..errors import DataError, named
+from .manifest import INCOMPLETE_NAME, MANIFEST_NAME, refuse_incomplete
 
 _BLOCK = 1 << 24
 
@@ -18,7 +19,7 @@ _BLOCK = 1 << 24
 # Files a ctrtrain tool writes beside data (never data themselves).
 METADATA_NAMES = (MANIFEST_NAME, "vocab.json", "split.json")
 # What marks a directory as a ctrtrain tool's output (convert/featurize, split, synth).
-OUTPUT_MARKERS = (MANIFEST_NAME, "split.json", "synth.json")
+OUTPUT_MARKERS = (MANIFEST_NAME, "split.json", "synth.json", INCOMPLETE_NAME)
 
 
 def list_inputs(paths: list[str] | str) -> list[str]:
@@ -32,6 +33,8 @@ def list_inputs(paths: list[str] | str) -> list[str]:
         paths = [paths]
     out = []
     for p in map(Path, paths):
+        if p.exists():
+            refuse_incomplete(p)
         if p.is_dir():
             if (p / MANIFEST_NAME).exists():
                 out += read_manifest(p).paths(p)
@@ -184,4 +187,44 @@ def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool, inputs=()) -
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
         raise DataError("output directory is not writable", path=str(out))
+    (out / INCOMPLETE_NAME).write_text(
+        f"being written by a ctrtrain data tool (pid {os.getpid()}); this file is removed "
+        "when the output is complete\n")
     return out
+
+
+@contextlib.contextmanager
+def staged(path: str | os.PathLike, mode: str = "wb"):
+    """Write-then-rename: the file object of `<path>.tmp`, renamed to `path` when the block
+    ends, removed when it raises, so a file under its final name is always complete. A write
+    or close that fails (a full disk) names the file."""
+    tmp = f"{path}.tmp"
+    f = open(tmp, mode)
+    try:
+        try:
+            yield f
+            f.close()
+        except OSError as e:
+            raise named(e, tmp) from e
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # its flush fails again on a full disk
+            f.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def abandon_output_dir(out: str | os.PathLike) -> None:
+    """A failed tool's last act, once it has removed what it wrote: the marker goes, and the
+    directory too when nothing else is in it, so nothing is left behind."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(Path(out) / INCOMPLETE_NAME)
+    with contextlib.suppress(OSError):      # not empty: someone else's files stay
+        Path(out).rmdir()
+
+
+def finish_output_dir(out: str | os.PathLike) -> None:
+    """The tool's last act, after its manifest (or split.json, synth.json): the output is
+    complete and readable."""
+    os.remove(Path(out) / INCOMPLETE_NAME)

@@ -11,6 +11,9 @@ from pathlib import Path
 from ..errors import DataError
 
 MANIFEST_NAME = "manifest.json"
+# Put into a tool's output directory first and removed last, after its manifest: while it is
+# there the directory holds an interrupted run's leftovers, however complete it looks.
+INCOMPLETE_NAME = ".ctrtrain-incomplete"
 
 
 @dataclasses.dataclass
@@ -131,6 +134,7 @@ def read_manifest(directory: str | os.PathLike, check: bool = True) -> Manifest:
     path = Path(directory) / MANIFEST_NAME
     if not Path(directory).is_dir():
         raise DataError("data directory does not exist", path=str(directory))
+    refuse_incomplete(directory)
     if not path.exists():
         raise DataError(f"no {MANIFEST_NAME}: not a ctrtrain data directory "
                         "(convert the data first with `ctrtrain data convert`)", path=str(directory))
@@ -142,6 +146,18 @@ def read_manifest(directory: str | os.PathLike, check: bool = True) -> Manifest:
     if check:
         check_files(m, directory)
     return m
+
+
+def refuse_incomplete(path: str | os.PathLike) -> None:
+    """A data directory (or file) inside a tool's output that the tool never finished (killed,
+    out of disk) is refused, not read in part. The parent is looked at too: split's files and
+    synth's splits sit one level below the directory the tool prepared."""
+    p = Path(path)
+    for d in (p, p.parent) if p.is_dir() else (p.parent,):
+        if (d / INCOMPLETE_NAME).exists():
+            raise DataError("the output of a ctrtrain data tool that never finished (it was "
+                            "stopped or failed): run that tool again with --overwrite",
+                            path=str(d))
 
 
 def check_files(m: Manifest, directory: str | os.PathLike) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
+import signal
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 from ..progress import bar
@@ -23,7 +28,8 @@ def run_tasks(worker, tasks, processes: int, desc: str, unit_counts: list[int]):
         # worker killed while it holds one of the Pool's queue locks hangs the parent forever
         # (seen in CI); the executor lets started tasks finish and reports a dead worker as an
         # error (BrokenProcessPool) instead of waiting on it.
-        pool = ProcessPoolExecutor(min(processes, len(tasks)), mp_context=mp.get_context("spawn"))
+        pool = ProcessPoolExecutor(min(processes, len(tasks)), mp_context=mp.get_context("spawn"),
+                                   initializer=die_with_parent, initargs=(os.getpid(),))
         try:
             futures = [pool.submit(worker, t) for t in tasks]
             for f, n in zip(futures, unit_counts):
@@ -32,3 +38,28 @@ def run_tasks(worker, tasks, processes: int, desc: str, unit_counts: list[int]):
                 yield r
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def die_with_parent(parent: int) -> None:
+    """A worker's first act. A tool killed by a signal it cannot catch (SIGKILL) cannot stop
+    its workers, and an orphaned worker would hold the caller's stdout (a pipe the caller
+    reads to its end) for as long as it lives: so the kernel kills the worker when its parent
+    dies (Linux's PR_SET_PDEATHSIG; elsewhere a thread polls for the parent), and the
+    worker's stdout is /dev/null (its errors travel back to the parent as exceptions)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:     # 1: PR_SET_PDEATHSIG
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:          # it died before the signal was armed
+        os._exit(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
 from pathlib import Path
 
-from ..errors import DataError
-from .files import list_inputs, prepare_output_dir
+from ..errors import DataError, named
+from .files import abandon_output_dir, finish_output_dir, list_inputs, prepare_output_dir
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -48,8 +49,11 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
                     h = fh.readline()
                     if first_header is None:
                         first_header = h
-                        for w in handles:
-                            w.write(h)
+                        for k, w in enumerate(handles):
+                            try:
+                                w.write(h)
+                            except OSError as e:
+                                raise named(e, f"{paths[k]}.tmp") from e
                 for line in fh:
                     if not line.endswith(b"\n"):
                         line += b"\n"
@@ -58,26 +62,35 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
                     else:
                         u = seen / total
                     k = 0 if u < cut1 else (1 if u < cut2 else 2)
-                    handles[k].write(line)
+                    try:
+                        handles[k].write(line)
+                    except OSError as e:     # a full disk: say which file
+                        raise named(e, f"{paths[k]}.tmp") from e
                     counts[k] += 1
                     seen += 1
-        for w in handles:
-            w.close()
+        for w, p in zip(handles, paths):
+            try:
+                w.close()               # flushes: a full disk may show only here
+            except OSError as e:
+                raise named(e, f"{p}.tmp") from e
         for p in paths:
             os.replace(str(p) + ".tmp", p)
     except BaseException:
         for w in handles:
-            w.close()
+            with contextlib.suppress(OSError):  # its flush fails again on a full disk
+                w.close()
         for p in paths:
             for q in (p, Path(str(p) + ".tmp")):
                 if q.exists():
                     q.unlink()
+        abandon_output_dir(out)
         raise
     summary = {"by": by, "seed": seed, "fractions": list(fractions), "inputs": files,
                "header": header,
                "rows": dict(zip(SPLIT_NAMES, counts)),
                "files": {n: p.name for n, p in zip(SPLIT_NAMES, paths)}}
     (out / "split.json").write_text(json.dumps(summary, indent=2) + "\n")
+    finish_output_dir(out)
     return summary
 
 

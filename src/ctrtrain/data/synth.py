@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..metrics import logloss, roc_auc
-from .files import prepare_output_dir
+from .files import finish_output_dir, prepare_output_dir, staged
 from .libsvm import Rows, format_libsvm
 from .manifest import FileEntry, Manifest, sha256_file
 from .parallel import run_tasks
@@ -235,13 +235,12 @@ def _write_file(task):
     """Worker: rows [start, stop) into one libsvm file (TFRecord for declared fields);
     returns its entry and (labels, probs)."""
     cfg, path, start, stop = task
-    tmp = path + ".tmp"
     labels, probs = [], []
     schema = cfg.schema()
     if schema is not None:
         from .tfrecord import ShardWriter
         writer = ShardWriter(path)
-    with open(tmp, "wb") if schema is None else _closing_writer(writer) as f:
+    with staged(path) if schema is None else _closing_writer(writer) as f:
         for block in range(start // BLOCK, (stop - 1) // BLOCK + 1):
             lo, hi = max(start, block * BLOCK), min(stop, (block + 1) * BLOCK)
             rows, p = _block_rows(cfg, block, lo, hi)
@@ -251,9 +250,7 @@ def _write_file(task):
                 writer.write_rows(rows, schema)
             labels.append(rows.labels)
             probs.append(p)
-    if schema is None:
-        os.replace(tmp, path)
-    else:
+    if schema is not None:
         writer.commit()
     entry = FileEntry(os.path.basename(path), stop - start, os.path.getsize(path), sha256_file(path))
     return entry, np.concatenate(labels), np.concatenate(probs)
@@ -315,6 +312,7 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
                 positive_rate=float(labels.mean()), bayes_auc=roc_auc(labels, probs),
                 bayes_logloss=logloss(labels, probs))
     (out / SYNTH_INFO).write_text(json.dumps(summary, indent=2) + "\n")
+    finish_output_dir(out)
     return summary
 
 

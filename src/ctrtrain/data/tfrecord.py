@@ -10,6 +10,7 @@ that trains on it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -17,6 +18,7 @@ import os
 import google_crc32c
 import numpy as np
 
+from ..errors import named
 from .libsvm import Rows
 
 SUFFIX = ".tfrecord"
@@ -215,19 +217,26 @@ class ShardWriter:
         if len(rows):
             records = encode_examples(rows) if schema is None else \
                 encode_field_examples(rows, schema)
-            self._out.write(frame_records(records))
+            try:
+                self._out.write(frame_records(records))
+            except OSError as e:     # a full disk: say which file
+                raise named(e, self.tmp) from e
             self.records += len(rows)
 
     def commit(self) -> tuple[int, int, str]:
-        if self._out is not self._stream:
-            self._out.close()
-        self._raw.close()
+        try:
+            if self._out is not self._stream:
+                self._out.close()
+            self._raw.close()
+        except OSError as e:
+            raise named(e, self.tmp) from e
         os.replace(self.tmp, self.path)
         return self.records, os.path.getsize(self.path), self._sha.hexdigest()
 
     def abort(self) -> None:
         try:
-            self._raw.close()
+            with contextlib.suppress(OSError):  # its flush fails again on a full disk
+                self._raw.close()
         finally:
             if os.path.exists(self.tmp):
                 os.remove(self.tmp)

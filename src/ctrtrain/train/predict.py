@@ -142,36 +142,30 @@ def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: 
     for p in inputs:
         if not os.path.exists(p):
             raise DataError("no such file or directory", path=p)
-    from ..data.files import check_not_input
+    from ..data.files import check_not_input, staged
     check_not_input(out_path, inputs, "--out")
     check_not_input(str(out_path) + ".tmp", inputs, "--out")
     if os.path.isdir(out_path):
         raise DataError("--out is a directory; give a file name", path=str(out_path))
-    tmp = str(out_path) + ".tmp"
     n = 0
-    try:
-        with open(tmp, "w") as out, bar(desc="predict", unit="rows") as pb:
+    with staged(out_path, "w") as out, bar(desc="predict", unit="rows") as pb:
+        if out_format == "csv":
+            out.write("row,prob" + (",label" if has_label else "") + "\n")
+        for labels, features in _blocks(inputs, info, export_dir, input_format, vocab,
+                                        has_label, batch):
+            probs = serve(**{k: tf.constant(v) for k, v in features.items()})["prob"].numpy()
+            rows = np.arange(n, n + len(probs))
             if out_format == "csv":
-                out.write("row,prob" + (",label" if has_label else "") + "\n")
-            for labels, features in _blocks(inputs, info, export_dir, input_format, vocab,
-                                            has_label, batch):
-                probs = serve(**{k: tf.constant(v) for k, v in features.items()})["prob"].numpy()
-                rows = np.arange(n, n + len(probs))
-                if out_format == "csv":
-                    # Full float32 precision (9 significant digits): rounding makes ties
-                    # that change the AUC on low-CTR data.
-                    cols = [rows.astype(str), np.char.mod("%.9g", probs)]
-                    if has_label and labels is not None:
-                        cols.append(labels.astype(np.int64).astype(str))
-                    out.write("".join(",".join(r) + "\n" for r in zip(*cols)))
-                else:
-                    for i, p in zip(rows.tolist(), probs.tolist()):
-                        rec = {"row": i, "prob": p}
-                        out.write(json.dumps(rec) + "\n")
-                n += len(probs)
-                pb.update(len(probs))
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+                # Full float32 precision (9 significant digits): rounding makes ties
+                # that change the AUC on low-CTR data.
+                cols = [rows.astype(str), np.char.mod("%.9g", probs)]
+                if has_label and labels is not None:
+                    cols.append(labels.astype(np.int64).astype(str))
+                out.write("".join(",".join(r) + "\n" for r in zip(*cols)))
+            else:
+                for i, p in zip(rows.tolist(), probs.tolist()):
+                    rec = {"row": i, "prob": p}
+                    out.write(json.dumps(rec) + "\n")
+            n += len(probs)
+            pb.update(len(probs))
     return n

@@ -1,0 +1,127 @@
+"""Nothing left half-written (issue 30): a data tool killed, or out of space, leaves nothing
+that looks finished, no process behind it, and advice that works when followed. Each test is
+one finding of the issue, run as a user meets it: the real command in a real process."""
+
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from conftest import cli, run_cli
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live processes of session `sid` (the killed tool's, started with a new session)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == sid and fields[0] != "Z":   # field 6 of stat: the session
+            found.append(int(d.name))
+    return found
+
+
+def read_to_end(pipe, deadline: float) -> bool:
+    """Reads the pipe until EOF (every holder of its write end has ended) or the deadline."""
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([pipe], [], [], left)[0] and not os.read(pipe.fileno(), 1 << 16):
+            return True
+    return False
+
+
+def libsvm_rows(path: Path, rows: int, fields: int = 3) -> Path:
+    """`rows` lines of `label id:value ...`, varied ids (what convert's parser must read)."""
+    rng = np.random.default_rng(0)
+    block = [f"{rng.integers(0, 2)} " + " ".join(f"{rng.integers(0, 500)}:1" for _ in range(fields))
+             for _ in range(10_000)]
+    text = "\n".join(block) + "\n"
+    with open(path, "w") as f:
+        for _ in range(rows // len(block)):
+            f.write(text)
+    return path
+
+
+def test_killed_convert_leaves_nothing_that_trains_and_no_process(tmp_path):
+    """Finding 1: SIGKILL while convert runs (8 shards, 2 processes), once a shard has its
+    final name. Before: those shards trained as if they were all the data (exit 0), the
+    workers lived on holding the caller's stdout, and --overwrite refused the leftovers."""
+    src = libsvm_rows(tmp_path / "day.libsvm", 1_500_000)
+    out = tmp_path / "tf"
+    args = [sys.executable, "-m", "ctrtrain.cli", "data", "convert", str(src), "--out", str(out),
+            "--field-size", "3", "--shards", "8", "--processes", "2"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("part-*.tfrecord")):
+        assert p.poll() is None, "convert ended before a shard was written"
+        assert time.monotonic() < deadline, "no shard after 120 s"
+        time.sleep(0.005)
+    os.kill(p.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    assert read_to_end(p.stdout, killed + 2), "the caller's stdout was still held 2 s after"
+    p.wait()
+    while session_processes(p.pid) and time.monotonic() - killed < 2:
+        time.sleep(0.05)
+    assert session_processes(p.pid) == [], "convert's workers outlived it by 2 s"
+    shards = sorted(x.name for x in out.glob("part-*.tfrecord"))
+    assert shards and len(shards) < 8 and not (out / "manifest.json").exists(), shards
+
+    code, _, err = cli("train", "--train", out, "--model-dir", tmp_path / "m", "--steps", 1)
+    assert code == 2 and "never finished" in err and str(out) in err, err
+    assert not (tmp_path / "m").exists()
+
+    r = run_cli(*args[3:], check=False)           # the advice: pass --overwrite
+    assert r.returncode == 2 and "--overwrite" in r.stderr, r.stderr
+    run_cli(*args[3:], "--overwrite")             # ... and it works
+    assert (out / "manifest.json").exists() and not (out / ".ctrtrain-incomplete").exists()
+    assert len(list(out.glob("part-*.tfrecord"))) == 8
+
+
+def _file_limit(size: int):
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # the write fails instead (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def test_split_out_of_space_names_the_file_and_leaves_nothing(tmp_path):
+    """Finding 2: a split whose writes fail part-way (here the file-size limit, as a full disk
+    fails them) names the file it was writing and leaves no .tmp behind, its input intact."""
+    src = libsvm_rows(tmp_path / "day.libsvm", 40_000)
+    before = src.read_bytes()
+    out = tmp_path / "parts"
+    r = subprocess.run([sys.executable, "-m", "ctrtrain.cli", "data", "split", str(src), "--out",
+                        str(out)], capture_output=True, text=True, timeout=120,
+                       preexec_fn=_file_limit(200_000))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"{out / 'train.libsvm'}.tmp" in r.stderr and "File too large" in r.stderr, r.stderr
+    left = sorted(x.name for x in out.iterdir()) if out.exists() else []
+    assert left == [], left
+    assert src.read_bytes() == before
+    # Followed as it says (no --overwrite needed: nothing was left), the split succeeds.
+    run_cli("data", "split", src, "--out", out)
+    assert (out / "split.json").exists() and not (out / ".ctrtrain-incomplete").exists()
+
+
+def test_convert_out_of_space_names_the_shard(tmp_path):
+    """A shard's write that fails part-way names the shard; the output goes."""
+    src = libsvm_rows(tmp_path / "day.libsvm", 40_000)
+    out = tmp_path / "tf"
+    r = subprocess.run([sys.executable, "-m", "ctrtrain.cli", "data", "convert", str(src), "--out",
+                        str(out), "--field-size", "3", "--shards", "1"],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=_file_limit(100_000))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"{out / 'part-00000-of-00001.tfrecord'}.tmp" in r.stderr, r.stderr
+    assert not out.exists()
