@@ -353,6 +353,10 @@ def _bench_commands(sub):
     p.add_argument("--seeds", type=POSITIVE, default=1,
                    help="run every trainer with this many seeds (0, 1, ...) and report each "
                         "one's mean test AUC with its standard error")
+    p.add_argument("--peer-numeric", choices=("dense", "scaled"), default="dense",
+                   help="how DeepCTR takes numeric columns (of the fixed schema): dense, its "
+                        "value into the MLP and linear part as DeepCTR's users feed Criteo; "
+                        "scaled, its embedding times its value, as ctrtrain's model does")
     p.add_argument("--work-dir", default="runs/bench-quality")
     p.add_argument("--json", default=None, help="also write the results here, and beside them "
                    "(.png) each trainer's test AUC by epoch")
@@ -432,7 +436,8 @@ def cmd_bench_quality(a):
             raise ConfigError(f"--data {spec!r}: give NAME=DIR")
         sets.append((name, path))
     report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json,
-                               a.batch_size, model=a.model, seeds=a.seeds)
+                               a.batch_size, model=a.model, seeds=a.seeds,
+                               peer_numeric=a.peer_numeric)
     for line in check_bar(report):
         print(f"below the bar: {line}")
 

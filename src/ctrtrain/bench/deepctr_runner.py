@@ -61,23 +61,45 @@ def logloss(y, p) -> float:
 
 def fixed_columns(params: dict, train: dict):
     """The fixed schema's columns (module doc), the function that maps a split's arrays to
-    their inputs, and what the run records about them."""
-    from deepctr.feature_column import DenseFeat, SparseFeat
+    their inputs, and what the run records about them. params["numeric_as"]: "dense" (a
+    numeric column a DenseFeat of its value, into the MLP and the linear part: as DeepCTR's
+    users feed Criteo) or "scaled" (its id's embedding times its value, in every part of the
+    model: ctrtrain's fixed schema, the SageMaker sample's and the DeepFM paper's; a
+    VarLenSparseFeat of one id weighted by the value, ids shifted by one past DeepCTR's
+    padding row 0)."""
+    from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
 
     ids = train["ids"]
     constant = [bool((ids[:, f] == ids[0, f]).all()) for f in range(ids.shape[1])]
+    scaled = params.get("numeric_as", "dense") == "scaled"
+    shift = int(scaled)
+
+    def sparse(name):
+        return SparseFeat(name, vocabulary_size=params["feature_size"] + shift,
+                          embedding_dim=params["embedding_size"], dtype="int64",
+                          embedding_name="table")
+
     columns = []
-    for f, is_dense in enumerate(constant):
-        if is_dense:
+    for f, is_numeric in enumerate(constant):
+        if is_numeric and scaled:   # weight_norm off: DeepCTR would softmax the one weight
+            columns.append(VarLenSparseFeat(sparse(f"n{f}"), 1, combiner="sum",
+                                            weight_name=f"n{f}_w", weight_norm=False))
+        elif is_numeric:
             columns.append(DenseFeat(f"d{f}", 1))
         else:
-            columns.append(SparseFeat(f"s{f}", vocabulary_size=params["feature_size"],
-                                      embedding_dim=params["embedding_size"], dtype="int64",
-                                      embedding_name="table"))
+            columns.append(sparse(f"s{f}"))
 
     def inputs(d):
-        return {(f"d{f}" if c else f"s{f}"): (d["values"][:, f] if c else d["ids"][:, f])
-                for f, c in enumerate(constant)}
+        out = {}
+        for f, c in enumerate(constant):
+            if c and scaled:
+                out[f"n{f}"] = d["ids"][:, f:f + 1] + shift
+                out[f"n{f}_w"] = d["values"][:, f:f + 1, None]
+            elif c:
+                out[f"d{f}"] = d["values"][:, f]
+            else:
+                out[f"s{f}"] = d["ids"][:, f] + shift
+        return out
 
     # A SparseFeat is its id's embedding: a categorical value other than 1 is not used.
     sparse = ~np.array(constant)
@@ -91,6 +113,11 @@ def declared_columns(params: dict, fields: list):
     split's arrays (ids, numeric, bag_ids as ctrtrain's batches lay them out) to their inputs,
     and what the run records: each field's column."""
     from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
+
+    if params.get("numeric_as", "dense") == "scaled" and any(
+            f["kind"] == "numeric" for f in fields):
+        raise SystemExit("numeric_as scaled: for the fixed schema only; DeepCTR takes declared "
+                         "numeric fields as DenseFeat")
 
     def sparse(name):       # one table for all, as ctrtrain's; row 0 the padding
         return SparseFeat(name, vocabulary_size=params["feature_size"] + 1,

@@ -172,12 +172,15 @@ def difference(a: dict, b: dict) -> dict:
 def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: int,
                       variants=VARIANTS, deepctr_python: str | None = None,
                       out: str | None = None, batch_size: int | None = None,
-                      model: str = "deepfm", seeds: int = 1) -> dict:
+                      model: str = "deepfm", seeds: int = 1,
+                      peer_numeric: str = "dense") -> dict:
     """`batch_size`: instead of the configuration's 1024 (small data sets). `model`: what
     every run trains (MODELS; its own options at their defaults); DeepCTR runs only for the
     models it has (DEEPCTR_MODELS). `seeds`: every run repeated with seeds 0..seeds-1 (initial
     values, dropout, shuffling), reported per seed and as a mean with its
-    standard error: a difference of 0.002 is within one run's seed-to-seed spread."""
+    standard error: a difference of 0.002 is within one run's seed-to-seed spread.
+    `peer_numeric`: how DeepCTR takes the fixed schema's numeric columns (deepctr_runner's
+    numeric_as: "dense", as its users do, or "scaled", as ctrtrain's model does)."""
     from ..data.index import resolve_source
     config = {**CONFIG, **({"batch_size": batch_size} if batch_size else {}), "model": model,
               "options": {n: o.default for n, o in MODELS[model].options.items()}}
@@ -206,7 +209,8 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
             arrays = work / "arrays" / name.replace(" ", "-")
             arrays.mkdir(parents=True, exist_ok=True)
             params = {**config, "options": options, "epochs": epochs,
-                      "feature_size": manifests["train"].feature_size}
+                      "feature_size": manifests["train"].feature_size,
+                      "numeric_as": peer_numeric}
             for s, d in splits.items():
                 params[s] = str(export_arrays(d, arrays / f"{s}.npz"))
             commands["deepctr"] = (
