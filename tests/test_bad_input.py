@@ -430,8 +430,68 @@ def test_disk_full_is_a_named_error_and_leaves_nothing_half_written(tmp_path, da
     script = (f"mount -t tmpfs -o size=300k tmpfs {small} && "
               f"cd {os.getcwd()} && {sys.executable} -m ctrtrain.cli data convert "
               f"{data / 'raw' / 'train'} "
-              f"--out {small / 'o'} --processes 1; echo EXIT=$?")
+              f"--out {small / 'o'} --processes 1; echo EXIT=$?; "
+              f"{sys.executable} -m ctrtrain.cli data split {data / 'raw' / 'train'} "
+              f"--out {small / 's'}; echo SPLIT=$?; ls -A {small}/s 2>&1; echo LISTED")
     r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
                        capture_output=True, text=True, timeout=300)
     assert "EXIT=2" in r.stdout, (r.stdout, r.stderr[-2000:])
     assert "No space left on device" in r.stderr and "Traceback" not in r.stderr
+    # split (issue 30): the file it was writing named, nothing left behind, not even the
+    # directory it made
+    assert "SPLIT=2" in r.stdout and "train.libsvm.tmp: No space left on device" in r.stderr, \
+        (r.stdout, r.stderr[-2000:])
+    assert "No such file or directory\nLISTED" in r.stdout, r.stdout
+
+
+def without_read_override():
+    """For a subprocess: file modes bind it even as root (the bounding set loses
+    CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH), as they bind any other user."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):                  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0 and os.geteuid() == 0:     # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+
+
+def test_damaged_or_unreadable_models_and_files_are_named(tmp_path, data, model):
+    """Issue 30, finding 3: predict on a SavedModel whose variables are cut short or whose
+    saved_model.pb is empty, and unreadable (mode 000) data and model files, each ended in a
+    traceback (exit 1). Now: exit 2 naming the file or model and what is wrong."""
+    export = next((model / "export").iterdir())
+    rows = data / "raw" / "test"
+    cut = tmp_path / "cut"
+    shutil.copytree(export, cut)
+    data_file = next((cut / "variables").glob("variables.data-*"))
+    data_file.write_bytes(data_file.read_bytes()[:100])
+    empty = tmp_path / "empty"
+    shutil.copytree(export, empty)
+    (empty / "saved_model.pb").write_bytes(b"")
+    for bad, match in ((cut, "Read less bytes than requested"),
+                       (empty, "saved_model.pb holds no model")):
+        refused("predict", "--model", bad, "--input", rows, "--out", tmp_path / "p.csv",
+                match=f"{bad}: not a usable SavedModel, damaged or unreadable: {match}")
+    assert not (tmp_path / "p.csv").exists()
+
+    shards = tmp_path / "shards"
+    shutil.copytree(data / "tf" / "train", shards)
+    locked_shard = sorted(shards.glob("part-*"))[-1]
+    locked_shard.chmod(0)
+    locked_model = tmp_path / "locked"
+    shutil.copytree(export, locked_model)
+    (locked_model / "variables" / "variables.index").chmod(0)
+    cases = [
+        (["predict", "--model", export, "--input", shards, "--out", tmp_path / "p.csv"],
+         f"{locked_shard}: Permission denied"),
+        (["train", "--train", shards, "--model-dir", tmp_path / "m", "--steps", 1],
+         f"{locked_shard}: Permission denied"),
+        (["predict", "--model", locked_model, "--input", rows, "--out", tmp_path / "p.csv"],
+         f"{locked_model / 'variables' / 'variables.index'}; Permission denied"),
+    ]
+    for args, match in cases:
+        r = subprocess.run([sys.executable, "-m", "ctrtrain.cli", *map(str, args)],
+                           capture_output=True, text=True, timeout=300,
+                           preexec_fn=without_read_override)
+        assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, \
+            (args, r.returncode, r.stderr[-2000:])
+    assert not (tmp_path / "m").exists() and not (tmp_path / "p.csv").exists()

@@ -32,6 +32,12 @@ class ConfigError(CtrError):
     """A bad flag, job spec key or value; the message names it and what is allowed."""
 
 
+def first_line(e: Exception) -> str:
+    """An error's message, its first line: a TensorFlow OpError's rest is a C++ stack."""
+    text = (getattr(e, "message", None) or str(e)).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def named(error: OSError, path: str | os.PathLike) -> OSError:
     """`error` naming `path` when it names no file: a write or close that fails (a full disk)
     raises from the file object, which does not say which file it was."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError, named
-from .manifest import INCOMPLETE_NAME, MANIFEST_NAME, refuse_incomplete
+from .manifest import INCOMPLETE_NAME, MANIFEST_NAME, check_readable, refuse_incomplete
 
 _BLOCK = 1 << 24
 
@@ -52,6 +52,7 @@ def list_inputs(paths: list[str] | str) -> list[str]:
                 raise DataError("directory has no data files", path=str(p))
             out += found
         elif p.is_file():
+            check_readable(p)
             out.append(str(p))
         elif p.exists():
             raise DataError("not a regular file or directory", path=str(p))

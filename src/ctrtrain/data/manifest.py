@@ -160,6 +160,13 @@ def refuse_incomplete(path: str | os.PathLike) -> None:
                             path=str(d))
 
 
+def check_readable(path: str | os.PathLike) -> None:
+    """Opens the file: one that cannot be read (its mode) is named now (an OSError the CLI
+    reports with the file), not when TensorFlow's reader reaches it mid-run."""
+    with open(path, "rb"):
+        pass
+
+
 def check_files(m: Manifest, directory: str | os.PathLike) -> None:
     """Cheap checks of the files against the manifest (stat, and for text a line count):
     `ctrtrain data validate` does the full ones (checksums, every record)."""
@@ -168,6 +175,7 @@ def check_files(m: Manifest, directory: str | os.PathLike) -> None:
     for entry, p in zip(m.files, m.paths(directory)):
         if not os.path.isfile(p):
             raise DataError("listed in the manifest but missing", path=p)
+        check_readable(p)
         size = os.path.getsize(p)
         if size != entry.bytes:
             raise DataError(f"{size} bytes, the manifest says {entry.bytes}: the file was cut or "

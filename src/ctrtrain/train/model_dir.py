@@ -11,7 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, first_line
 from .config import TrainConfig
 from .metrics_log import METRICS
 
@@ -176,12 +176,7 @@ def write_checkpoint(manager, step: int) -> None:
     except tf.errors.OpError as e:
         from ..errors import CtrError
         raise CtrError(f"cannot write the checkpoint of step {step} in {manager.directory}: "
-                       f"{_first_line(e)}") from None
-
-
-def _first_line(e) -> str:
-    """A TensorFlow OpError's message, its first line (the rest is a C++ stack)."""
-    return e.message.strip().splitlines()[0] if e.message else str(e)
+                       f"{first_line(e)}") from None
 
 
 def saved_at(manager, step: int) -> bool:
@@ -203,7 +198,7 @@ def write_best(model, md: Path, record: dict) -> None:
     except tf.errors.OpError as e:
         from ..errors import CtrError
         raise CtrError(f"cannot write the best model (step {record['step']}) in {best}: "
-                       f"{_first_line(e)}") from None
+                       f"{first_line(e)}") from None
     tmp = best / "best.json.tmp"
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(tmp, best / "best.json")

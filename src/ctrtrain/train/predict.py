@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, first_line
 from ..progress import bar
 from .export import EXTRA, INFO, VOCAB, latest_export
 
@@ -128,13 +128,34 @@ def _libffm_blocks(inputs: list[str], info: dict, batch: int):
             yield rows.labels, {k: t.numpy() for k, t in parsed.items() if k != "label"}
 
 
+def load_serving(export_dir: str):
+    """The export's record (assets.extra) and serving function. A damaged export (a file cut
+    short, an empty saved_model.pb) or an unreadable one is refused naming it and what is wrong,
+    not a traceback; an unreadable file TensorFlow names in its message."""
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+    record = Path(export_dir) / EXTRA / INFO
+    try:
+        info = json.loads(record.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"the export's record is damaged ({e})", path=str(record)) from None
+    try:
+        serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    except (tf.errors.OpError, ValueError, IndexError, KeyError, DecodeError) as e:
+        reason = first_line(e)
+        if "0 MetaGraphs" in reason:
+            reason = "saved_model.pb holds no model (empty or cut short)"
+        raise DataError(f"not a usable SavedModel, damaged or unreadable: {reason}",
+                        path=str(export_dir)) from None
+    return info, serve
+
+
 def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: str | None = None,
             has_label: bool = True, batch: int = 4096, out_format: str | None = None) -> int:
     """Writes one prediction per input row (CSV `prob[,label]` or JSON lines); returns the count."""
     import tensorflow as tf
     export_dir = latest_export(model_path)
-    info = json.loads((Path(export_dir) / EXTRA / INFO).read_text())
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    info, serve = load_serving(export_dir)
     out_format = out_format or ("jsonl" if str(out_path).endswith((".jsonl", ".json")) else "csv")
     if out_format not in ("csv", "jsonl"):
         raise DataError(f"output format must be csv or jsonl, not {out_format!r}")
