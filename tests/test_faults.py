@@ -268,3 +268,23 @@ def test_watchdog_tears_down_a_stuck_entry_point(tmp_path):
     from ctrtrain.launch.spec import parse_spec
     default = {k: v for k, v in spec.items() if k != "watchdog"}
     assert parse_spec(default).watchdog == 600   # on by default
+
+
+@pytest.mark.slow
+def test_a_sigtermed_launch_records_the_step_it_saved(tmp_path, data):
+    """Issue 30, finding 4: a launch stopped by SIGTERM (preemption, `timeout`) tore the job
+    down and its trainer checkpointed, but no job.json was written and nothing said at which
+    step the job stopped. Now job.json says it was stopped and the step of its last
+    checkpoint, the console says it, and the launch ends as signalled (128 + 15)."""
+    proc, run = start(tmp_path, "deepfm-single", data,
+                      hyperparameters={"epochs": 50, "batch_size": 256, "log_every": 5})
+    wait_for(lambda: events(run, "train"), proc)
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = finish(proc, timeout=120)
+    assert code == 128 + signal.SIGTERM, (code, err[-2000:])
+    job = json.loads((run / "job.json").read_text())
+    assert job["stopped"] is True and job["ok"] is False, job
+    newest = max(int(p.name.split("-")[1].split(".")[0])
+                 for p in (run / "checkpoints").rglob("ckpt-*.index"))
+    assert job["step_saved"] == newest >= max(e["step"] for e in events(run, "train"))
+    assert f"the last checkpoint is of step {newest}" in out, out[-2000:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -197,6 +198,12 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
             f.start()
         try:
             outcome = sup.wait()
+        except KeyboardInterrupt:
+            # Preemption, `timeout`, Ctrl-C: wait has torn the job down; its record says so
+            # and where the job can resume from, then the launcher ends as signalled.
+            _report(spec, run_dir, hosts, procs, image, sup.stopped(), time.time() - started,
+                    warnings)
+            raise
         finally:
             for f in feeders:
                 f.stop.set()
@@ -216,7 +223,15 @@ def _report(spec, run_dir, hosts, procs, image, outcome, seconds, warnings) -> d
                               "index": p.index, "rank": p.rank,
                               "address": p.address, "tf_config": p.tf_config} for p in procs]
                if not framework else [{"label": f"{h}/train", "host": h} for h in hosts],
-               "warnings": warnings, "tolerated_failures": outcome.tolerated}
+               "warnings": warnings, "tolerated_failures": outcome.tolerated,
+               "stopped": outcome.stopped, "step_saved": saved_step(run_dir / "checkpoints")}
+    if outcome.stopped:
+        (run_dir / "job.json").write_text(json.dumps(summary, indent=2) + "\n")
+        where = (f"the last checkpoint is of step {summary['step_saved']}"
+                 if summary["step_saved"] is not None else "no checkpoint was saved")
+        print(f"job {spec.name} stopped: {where}; the same launch resumes it "
+              f"({run_dir / 'job.json'})", flush=True)
+        return summary
     if outcome.ok:
         master = model_host(spec, run_dir, hosts) if framework else \
             next(p for p in procs if p.is_chief).host
@@ -237,6 +252,21 @@ def _report(spec, run_dir, hosts, procs, image, outcome, seconds, warnings) -> d
                          if first and framework else []))
         raise JobFailed(msg)
     return summary
+
+
+def saved_step(checkpoints: Path) -> int | None:
+    """The step of the newest checkpoint under the job's shared checkpoint directory (the
+    recipe's model dir; TensorFlow's `checkpoint` index files name it), None without one."""
+    steps = []
+    for index in checkpoints.rglob("checkpoint"):
+        try:
+            text = index.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        found = re.search(r'^model_checkpoint_path: ".*?-(\d+)"', text, re.MULTILINE)
+        if found:
+            steps.append(int(found.group(1)))
+    return max(steps, default=None)
 
 
 def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_modes, cores,

@@ -74,6 +74,7 @@ class JobOutcome:
     failed: str | None = None
     tail: list[str] = dataclasses.field(default_factory=list)
     tolerated: list[dict] = dataclasses.field(default_factory=list)
+    stopped: bool = False       # ended from outside (a signal to the launcher), not failed
 
 
 class Supervisor:
@@ -219,6 +220,13 @@ class Supervisor:
                 with self._lock:
                     print(f"[launcher] {m.label} exited with status {m.returncode}; tolerated: "
                           "the job goes on without it", flush=True)
+
+    def stopped(self) -> JobOutcome:
+        """What a job stopped from outside (wait raised KeyboardInterrupt: SIGTERM, SIGHUP or
+        SIGINT to the launcher) came to, once wait has torn it down."""
+        return JobOutcome(False, "stopped by a signal to the launcher (SIGTERM, SIGHUP or "
+                          "SIGINT); its processes were asked to end (the recipe checkpoints)",
+                          self._codes(), tolerated=self.tolerated, stopped=True)
 
     def _codes(self):
         return {m.label: m.returncode for m in self.procs}
