@@ -288,3 +288,34 @@ def test_a_sigtermed_launch_records_the_step_it_saved(tmp_path, data):
                  for p in (run / "checkpoints").rglob("ckpt-*.index"))
     assert job["step_saved"] == newest >= max(e["step"] for e in events(run, "train"))
     assert f"the last checkpoint is of step {newest}" in out, out[-2000:]
+
+
+@pytest.mark.slow
+def test_a_killed_chief_is_retried_and_the_job_finishes_as_undisturbed(tmp_path, data, single):
+    """Issue 30: with max_retry_attempts the launcher itself starts the job again after the
+    chief dies, the recipe resumes from the shared checkpoints, and the job ends at the
+    undisturbed run's step with its AUC; job.json lists both attempts."""
+    undisturbed = single[512, 2]["test"]["auc"]
+    hp = {"epochs": 2, "batch_size": 256, "checkpoint_every": 10, "log_every": 5}
+    proc, run = start(tmp_path, "deepfm-allreduce", data, hyperparameters=hp,
+                      max_retry_attempts=2)
+    wait_for(lambda: [e for e in events(run, "checkpoint") if e["step"] >= 30], proc)
+    killed = time.monotonic()
+    os.kill(pid_of(run, "algo-1/worker/0"), signal.SIGKILL)
+    code, out, err = finish(proc, timeout=600)
+    seconds = time.monotonic() - killed
+    assert code == 0, err[-3000:]
+    assert "[launcher] attempt 1 failed (job deepfm-allreduce failed: algo-1/worker/0 exited " \
+           "with status -9)" in out, out[-3000:]
+    job = json.loads((run / "job.json").read_text())
+    assert job["ok"] is True and job["state"] == "completed" and len(job["attempts"]) == 2
+    first, second = job["attempts"]
+    assert first["step_reached"] >= 30 and second["resumed_from_step"] == first["step_reached"]
+    result = json.loads((run / "model" / "result.json").read_text())
+    assert result["resumed_from"] == first["step_reached"]
+    assert result["step"] == result["total_steps"] == 2 * (32_000 // 512)
+    assert abs(result["test"]["auc"] - undisturbed) < AUC_TOLERANCE
+    assert alive(run)[1] == []
+    record("allreduce: chief SIGKILLed, max_retry_attempts 2", resumed_from=first["step_reached"],
+           steps=result["step"], auc=result["test"]["auc"], undisturbed_auc=undisturbed,
+           seconds_from_kill_to_end=round(seconds, 1), outcome="retried, finished")

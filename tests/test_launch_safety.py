@@ -286,3 +286,58 @@ def test_run_with_hosts_flags_splits_the_data_like_launch(tmp_path, data):
             n, k = plan.file_shard
             seen += [f["path"] for f in files[k::n]]
     assert sorted(seen) == sorted(f["path"] for f in files)
+
+
+# --- retries (issue 30) ------------------------------------------------------------------
+
+def dies_until(run: Path, attempts: int, then: str) -> str:
+    """A script that SIGKILLs itself on its first `attempts` runs (counted in a file of the
+    run directory, which every attempt sees), then runs `then`."""
+    return (f"import os, signal\nfrom pathlib import Path\n"
+            f"count = Path({str(run / 'attempts.txt')!r})\n"
+            f"n = int(count.read_text()) + 1 if count.exists() else 1\n"
+            f"count.write_text(str(n))\n"
+            f"print('attempt', n, flush=True)\n"
+            f"if n <= {attempts}:\n    os.kill(os.getpid(), signal.SIGKILL)\n{then}\n")
+
+
+def test_a_job_whose_process_dies_is_started_again_up_to_max_retry_attempts(tmp_path):
+    run = tmp_path / "run"
+    spec = script_job(tmp_path, dies_until(run, 2, "print('done', flush=True)"),
+                      max_retry_attempts=2)
+    r = run_cli("launch", spec)
+    assert r.stdout.count("[launcher] attempt") == 2 and "done" in r.stdout, r.stdout[-3000:]
+    job = json.loads((run / "job.json").read_text())
+    assert job["ok"] is True and job["state"] == "completed"
+    assert [a["attempt"] for a in job["attempts"]] == [1, 2, 3]
+    assert all("exited with status -9" in a["cause"] for a in job["attempts"][:2])
+    assert job["attempts"][2]["cause"] is None
+    assert all({"resumed_from_step", "step_reached", "seconds"} <= set(a) for a in job["attempts"])
+
+    # Attempts run out: the job fails after 1 + max_retry_attempts, each one recorded.
+    run2 = tmp_path / "run2"
+    spec = script_job(tmp_path, dies_until(run2, 5, ""), name="always",
+                      output_dir=str(run2), max_retry_attempts=1)
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "exited with status -9" in r.stderr, r.stderr[-2000:]
+    job = json.loads((run2 / "job.json").read_text())
+    assert job["ok"] is False and job["state"] == "failed" and len(job["attempts"]) == 2
+
+
+def test_a_process_that_exits_2_is_not_retried(tmp_path):
+    """Status 2 says the input or the settings are wrong: another attempt fails the same."""
+    run = tmp_path / "run"
+    spec = script_job(tmp_path, dies_until(run, 0, "raise SystemExit(2)"),
+                      max_retry_attempts=3)
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "[launcher] attempt" not in r.stdout
+    job = json.loads((run / "job.json").read_text())
+    assert job["state"] == "failed" and len(job["attempts"]) == 1
+    assert (run / "attempts.txt").read_text() == "1"
+
+
+def test_max_retry_attempts_is_checked(tmp_path):
+    for bad in (-1, 31, "3"):
+        spec = script_job(tmp_path, "print('x')\n", max_retry_attempts=bad)
+        r = run_cli("launch", spec, check=False)
+        assert r.returncode == 2 and "max_retry_attempts" in r.stderr, r.stderr

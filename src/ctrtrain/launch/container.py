@@ -66,7 +66,10 @@ def _ip(*args: str) -> None:
 
 
 def make_bridge() -> None:
-    """The job's switch, in the job's own network namespace."""
+    """The job's switch, in the job's own network namespace: made by the first attempt, kept
+    by a retried one (the namespace lives as long as the launcher)."""
+    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
+        return
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{bridge_address()}/{PREFIX_LEN}", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")

@@ -95,9 +95,60 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None,
     run_dir = Path(spec.output_dir)
     lock = claim_run_dir(run_dir, spec)
     try:
-        return _launch(spec, run_dir, console, cores, containers)
+        return _with_retries(spec, run_dir, lambda: _launch(spec, run_dir, console, cores,
+                                                            containers))
     finally:
         lock.close()
+
+
+RETRY_BACKOFF_S = 2.0   # between attempts: the torn-down job's ports and files settle
+
+
+def _with_retries(spec: JobSpec, run_dir: Path, attempt) -> dict:
+    """Runs `attempt` (one whole job: start, supervise, tear down, report) and, while it fails
+    in a way another attempt may get past (JobFailed.retryable) and max_retry_attempts allows,
+    again after a short backoff: the recipe resumes from the shared checkpoints. job.json
+    lists every attempt (cause, step resumed from, step reached, seconds) and the final state."""
+    attempts = []
+    while True:
+        began, resumed = time.time(), saved_step(run_dir / "checkpoints")
+        entry = {"attempt": len(attempts) + 1, "resumed_from_step": resumed}
+        try:
+            summary = attempt()
+        except JobFailed as failure:
+            entry.update(cause=str(failure).splitlines()[0], seconds=round(time.time() - began, 1),
+                         step_reached=saved_step(run_dir / "checkpoints"))
+            attempts.append(entry)
+            final = not failure.retryable or len(attempts) > spec.max_retry_attempts
+            _record_attempts(run_dir, attempts, "failed" if final else "retrying")
+            if final:
+                raise
+            print(f"[launcher] attempt {len(attempts)} failed ({entry['cause']}); starting "
+                  f"again from step {entry['step_reached'] or 0} in {RETRY_BACKOFF_S:g} s "
+                  f"(retry {len(attempts)} of {spec.max_retry_attempts})", flush=True)
+            time.sleep(RETRY_BACKOFF_S)
+            continue
+        except KeyboardInterrupt:
+            entry.update(cause="stopped by a signal", seconds=round(time.time() - began, 1),
+                         step_reached=saved_step(run_dir / "checkpoints"))
+            if (run_dir / "job.json").exists():
+                _record_attempts(run_dir, attempts + [entry], "stopped")
+            raise
+        entry.update(cause=None, seconds=round(time.time() - began, 1),
+                     step_reached=saved_step(run_dir / "checkpoints"))
+        attempts.append(entry)
+        summary = _record_attempts(run_dir, attempts, "stopped" if summary.get("stopped")
+                                   else "completed")
+        return summary
+
+
+def _record_attempts(run_dir: Path, attempts: list[dict], state: str) -> dict:
+    """job.json (as the last attempt's report wrote it) with every attempt and the job's state."""
+    path = run_dir / "job.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary.update(attempts=attempts, state=state)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 
@@ -250,7 +301,7 @@ def _report(spec, run_dir, hosts, procs, image, outcome, seconds, warnings) -> d
         msg = "\n".join([f"job {spec.name} failed: {outcome.reason}", *outcome.tail] +
                         (["--- /opt/ml/output/failure ---", first.strip()[-2000:]]
                          if first and framework else []))
-        raise JobFailed(msg)
+        raise JobFailed(msg, retryable=2 not in outcome.exit_codes.values())
     return summary
 
 

@@ -16,7 +16,13 @@ from .spec import JobSpec
 
 
 class JobFailed(CtrError):
-    pass
+    """A job that did not finish. `retryable`: a process or host died, which starting again
+    from the checkpoints may get past (max_retry_attempts); not when the job never started, or
+    a process exited 2 (its input or settings are wrong: another attempt fails the same)."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 RUN_MARKER = "ctrtrain-run.json"

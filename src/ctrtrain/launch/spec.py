@@ -50,6 +50,9 @@ class JobSpec:
     time_limit: float | None = None
     watchdog: float | None = 600.0
     pipe_epochs: int = 1
+    # The estimator's: start the job again (from its checkpoints) after a process or host
+    # dies, at most this many times (SageMaker allows up to 30).
+    max_retry_attempts: int = 0
     processing_mode: str = "parallel_epochs"
     spec_path: str | None = None
     min_free_disk_mb: float = 256   # refused before start when the output's disk has less
@@ -80,6 +83,7 @@ MAX_SPEC_BYTES = 1 << 20
 
 _TOP_KEYS = {"name", "entry_point", "hyperparameters", "instance_groups", "distribution",
              "channels", "output_dir", "time_limit", "watchdog", "pipe_epochs", "min_free_disk_mb",
+             "max_retry_attempts",
              "framework_version", "py_version", "source_dir", "model_dir", "region", "environment",
              "instance_count", "instance_type", "container_log_level"}
 # The estimator's `distribution` keys (SageMaker's own semantics, run by its toolkit).
@@ -304,6 +308,8 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     _expect(wd is None or (isinstance(wd, (int, float)) and not isinstance(wd, bool) and wd > 0),
             "watchdog", "seconds > 0 or null")
     pipe_epochs = _int(raw, "pipe_epochs", "job", 1)
+    retries = _int(raw, "max_retry_attempts", "job", 0, minimum=0)
+    _expect(retries <= 30, "job.max_retry_attempts", f"at most 30 (SageMaker's limit), got {retries}")
     free = raw.get("min_free_disk_mb", 256)
     _expect(isinstance(free, (int, float)) and not isinstance(free, bool) and free >= 0,
             "min_free_disk_mb", "megabytes >= 0")
@@ -320,7 +326,8 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     _expect(py_version is None or (isinstance(py_version, str) and py_version.startswith("py")),
             "py_version", "like py311")
     return JobSpec(name, EntryPoint(kind, target, args), topo, channels, hps, out, tl, wd,
-                   pipe_epochs=pipe_epochs, processing_mode=processing, spec_path=spec_path,
+                   pipe_epochs=pipe_epochs, max_retry_attempts=retries,
+                   processing_mode=processing, spec_path=spec_path,
                    min_free_disk_mb=free, framework_version=framework_version,
                    py_version=py_version, source_dir=source_dir, framework_params=framework_params,
                    model_dir=model_dir, region=region,
