@@ -341,3 +341,23 @@ def test_max_retry_attempts_is_checked(tmp_path):
         spec = script_job(tmp_path, "print('x')\n", max_retry_attempts=bad)
         r = run_cli("launch", spec, check=False)
         assert r.returncode == 2 and "max_retry_attempts" in r.stderr, r.stderr
+
+
+def test_a_retried_job_reads_its_pipe_channel_again_from_the_start(tmp_path):
+    """What a retried Pipe channel reads (docs/cluster.md): the FIFOs are made anew for every
+    attempt and served from the start of the host's share, as a new SageMaker job's are."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "part-0.libsvm").write_text("".join(f"{i % 2} 1:{i}\n" for i in range(20_000)))
+    run = tmp_path / "run"
+    then = ("fifo = os.environ['SM_CHANNEL_TRAINING'] + '_0'\n"
+            "with open(fifo, 'rb') as f:\n"
+            "    print('first line', f.readline().decode().strip(), flush=True)\n"
+            "    if n == 1:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "    print('lines', 1 + sum(1 for _ in f), flush=True)\n")
+    spec = script_job(tmp_path, dies_until(run, 0, then), max_retry_attempts=1,
+                      channels={"training": {"path": str(data), "input_mode": "Pipe"}})
+    r = run_cli("launch", spec)
+    assert r.stdout.count("first line 0 1:0") == 2, r.stdout[-3000:]
+    assert "lines 20000" in r.stdout and "[launcher] attempt 1 failed" in r.stdout
+    assert json.loads((run / "job.json").read_text())["state"] == "completed"
