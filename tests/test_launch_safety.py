@@ -361,3 +361,12 @@ def test_a_retried_job_reads_its_pipe_channel_again_from_the_start(tmp_path):
     assert r.stdout.count("first line 0 1:0") == 2, r.stdout[-3000:]
     assert "lines 20000" in r.stdout and "[launcher] attempt 1 failed" in r.stdout
     assert json.loads((run / "job.json").read_text())["state"] == "completed"
+
+
+def test_a_spec_that_is_not_a_mapping_is_refused(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "list.yaml").write_text("- name: x\n")
+    for name, holds in (("empty", "nothing"), ("list", "list")):
+        r = run_cli("launch", tmp_path / f"{name}.yaml", check=False)
+        assert r.returncode == 2 and f"is not a mapping of keys (name, entry_point, ...): it " \
+            f"holds {holds}" in r.stderr and "Traceback" not in r.stderr, r.stderr

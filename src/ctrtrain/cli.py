@@ -361,6 +361,23 @@ def _bench_commands(sub):
     p.add_argument("--json", default=None, help="also write the results here, and beside them "
                    "(.png) each trainer's test AUC by epoch")
     p.set_defaults(func=cmd_bench_quality)
+    p = bsub.add_parser("chaos", help="a job spec run undisturbed, then while a random "
+                                      "process or whole host of it is SIGKILLed every few "
+                                      "seconds: what the faults cost, side by side")
+    p.add_argument("spec", help="job spec YAML (its max_retry_attempts lets the job survive)")
+    p.add_argument("--faults", type=POSITIVE, default=3)
+    p.add_argument("--every", type=_number(float, 0, low_open=True), default=15.0,
+                   help="seconds at least between faults (each also waits for a new checkpoint)")
+    p.add_argument("--kinds", type=lambda s: s.split(","),
+                   default=["trainer", "parameter server", "dispatcher", "data worker", "host"],
+                   help="what may be killed: trainer, parameter server, dispatcher, "
+                        "data worker, host (comma-separated)")
+    p.add_argument("--retries", type=_number(int, 0), default=None,
+                   help="max_retry_attempts for both runs, instead of the spec's")
+    p.add_argument("--seed", type=int, default=0, help="which victims, in which order")
+    p.add_argument("--work-dir", default="runs/bench-chaos")
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=cmd_bench_chaos)
     p = bsub.add_parser("startup", help="where a small run's wall time goes: phases of "
                                         "`ctrtrain train` in fresh processes, and its exit")
     p.add_argument("--train", required=True, help="training data (directory, files or glob)")
@@ -472,6 +489,17 @@ def cmd_bench_profile(a):
     print_profile(p)
     if a.json:
         Path(a.json).write_text(json.dumps(p, indent=2) + "\n")
+
+
+def cmd_bench_chaos(a):
+    from .bench.chaos import KINDS, run_chaos_bench
+    known = set(KINDS.values()) | {"host"}
+    if not a.kinds or set(a.kinds) - known:
+        raise ConfigError(f"--kinds {','.join(a.kinds)}: choose from {', '.join(sorted(known))}")
+    report = run_chaos_bench(a.spec, a.work_dir, a.faults, a.every, a.kinds, a.seed, a.retries,
+                             a.json)
+    if not report["chaos"]["finished"]:
+        raise CtrError("the job did not finish with faults (see above)")
 
 
 def cmd_bench_startup(a):
@@ -602,6 +630,8 @@ def _launch_commands(sub):
     p.add_argument("spec", help="job spec YAML")
     p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
     p.add_argument("--time-limit", type=_number(float, 0, low_open=True), default=None, help="override the spec's time_limit (s)")
+    p.add_argument("--max-retry-attempts", type=_number(int, 0), default=None,
+                   help="override the spec's max_retry_attempts")
     p.add_argument("--quiet", action="store_true", help="no per-process console lines (logs still written)")
     p.add_argument("--isolation", choices=["containers", "loopback", "host"], default=None,
                    help="containers (default): every simulated host is a container without "
@@ -624,6 +654,8 @@ def cmd_launch(a):
         over["output_dir"] = os.path.abspath(a.output_dir)
     if a.time_limit:
         over["time_limit"] = a.time_limit
+    if a.max_retry_attempts is not None:
+        over["max_retry_attempts"] = a.max_retry_attempts
     spec = load_spec(a.spec, over)   # spec errors first, before any re-execution
     from .launch import isolation
     mode = a.isolation or a.network or "containers"

@@ -146,6 +146,9 @@ def load_spec(path: str | os.PathLike, overrides: dict | None = None) -> JobSpec
         raise ConfigError(f"job spec {path} is nested too deeply to be a job spec") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"job spec {path} is not UTF-8 text ({e.reason})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"job spec {path} is not a mapping of keys (name, entry_point, ...): "
+                          f"it holds {type(raw).__name__ if raw is not None else 'nothing'}")
     if overrides:
         raw = {**raw, **overrides}
     return parse_spec(raw, base=path.resolve().parent, spec_path=str(path))

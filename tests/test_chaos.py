@@ -1,0 +1,36 @@
+"""`ctrtrain bench chaos` (issue 30): a real 2-host allreduce DeepFM job, run undisturbed and
+then with three SIGKILLs, one of them a whole simulated host, survives by its retries and
+ends where the undisturbed run ended, with nothing left behind."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from test_distributed import AUC_TOLERANCE, channels
+from test_launch import spec_from_example
+
+
+@pytest.fixture(scope="module")
+def data(synth_data):
+    return synth_data(rows=20_000, feature_size=2_000, seed=3)[0] / "tf"
+
+
+@pytest.mark.slow
+def test_chaos_allreduce_three_kills_including_a_host(tmp_path, data):
+    hp = {"epochs": 3, "batch_size": 256, "checkpoint_every": 5, "log_every": 5}
+    spec = spec_from_example(tmp_path, "deepfm-allreduce", channels=channels(data),
+                             hyperparameters=hp, max_retry_attempts=5)
+    out = tmp_path / "chaos.json"
+    r = run_cli("bench", "chaos", spec, "--faults", 3, "--every", 2, "--kinds", "trainer,host",
+                "--work-dir", tmp_path / "work", "--json", out, timeout=300)
+    report = json.loads(out.read_text())
+    faults, calm, chaos = report["faults"], report["undisturbed"], report["chaos"]
+    assert len(faults) == 3 and {f["kind"] for f in faults} == {"trainer", "host"}, faults
+    assert calm["finished"] and chaos["finished"], r.stdout[-3000:]
+    assert chaos["state"] == "completed" and chaos["attempts"] == 4
+    assert chaos["step"] == calm["step"] == 3 * (16_000 // 512)
+    assert abs(report["auc_difference"]) < AUC_TOLERANCE
+    for run in (calm, chaos):
+        assert run["left_behind"] == {"processes": [], "files": []}
+    assert "seconds lost per fault" in r.stdout and "| steps |" in r.stdout
