@@ -214,3 +214,29 @@ def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
         assert columns["C1"] == "SparseFeat s0" and columns["I1"] == "DenseFeat d0"
         assert columns["M1"].startswith("VarLenSparseFeat b")
         assert columns["S1"] == "VarLenSparseFeat hist_s0"
+
+
+@pytest.mark.slow
+def test_bench_quality_gives_deepctr_numeric_columns_as_ctrtrain_takes_them(tmp_path, shared):
+    """--peer-numeric scaled: DeepCTR's run takes Criteo's 13 numeric columns as scaled
+    embeddings (ctrtrain's model), not as DenseFeat values; it trains and is evaluated."""
+    peer = deepctr_python()
+    if peer is None:
+        if os.environ.get("CTRTRAIN_REQUIRE_DEEPCTR"):
+            pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")
+        pytest.skip("no DeepCTR environment (scripts/deepctr_env.sh)")
+    ctrtrain_here("data", "split", shared / "criteo_head1000" / "train.txt", "--out", tmp_path / "raw")
+    ctrtrain_here("data", "featurize", tmp_path / "raw" / "train.txt", "--out", tmp_path / "d" / "train",
+                  "--min-count", "2")
+    for split in ("valid", "test"):
+        ctrtrain_here("data", "featurize", tmp_path / "raw" / f"{split}.txt", "--out",
+                      tmp_path / "d" / split, "--vocab", tmp_path / "d" / "train" / "vocab.json")
+    for numeric in ("scaled", "dense"):
+        run_cli("bench", "quality", "--data", f"c={tmp_path / 'd'}", "--epochs", "2",
+                "--batch-size", "32", "--variants", "auto", "--peer-numeric", numeric,
+                "--deepctr-python", peer, "--work-dir", tmp_path / "w",
+                "--json", tmp_path / f"{numeric}.json", timeout=900)
+        runs = json.loads((tmp_path / f"{numeric}.json").read_text())["sets"]["c"]["runs"]
+        last = runs["deepctr"][-1]
+        assert last["numeric_as"] == numeric and last["numeric_columns"] == 13, last
+        assert 0.5 < last["test"]["auc"] <= 1.0, last

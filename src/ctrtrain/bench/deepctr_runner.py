@@ -105,7 +105,9 @@ def fixed_columns(params: dict, train: dict):
     sparse = ~np.array(constant)
     values = train["values"]
     ignored = float((values[:, sparse] != 1).mean()) if sparse.any() else 0.0
-    return columns, inputs, {"sparse_values_not_one": ignored}
+    return columns, inputs, {"sparse_values_not_one": ignored,
+                             "numeric_columns": int(sum(constant)),
+                             "numeric_as": "scaled" if scaled else "dense"}
 
 
 def declared_columns(params: dict, fields: list):
