@@ -56,14 +56,6 @@ class PortAllocator:
                         f"({len(self.used)} taken by this job)")
 
 
-
-
-
-
-
-
-
-
 def check_runtime(spec: JobSpec) -> None:
     """What the mode needs installed, checked before anything starts."""
     import importlib.util
@@ -114,7 +106,7 @@ def _with_retries(spec: JobSpec, run_dir: Path, attempt) -> dict:
         began, resumed = time.time(), saved_step(run_dir / "checkpoints")
         entry = {"attempt": len(attempts) + 1, "resumed_from_step": resumed}
         try:
-            summary = attempt()
+            attempt()
         except JobFailed as failure:
             entry.update(cause=str(failure).splitlines()[0], seconds=round(time.time() - began, 1),
                          step_reached=saved_step(run_dir / "checkpoints"))
@@ -137,9 +129,7 @@ def _with_retries(spec: JobSpec, run_dir: Path, attempt) -> dict:
         entry.update(cause=None, seconds=round(time.time() - began, 1),
                      step_reached=saved_step(run_dir / "checkpoints"))
         attempts.append(entry)
-        summary = _record_attempts(run_dir, attempts, "stopped" if summary.get("stopped")
-                                   else "completed")
-        return summary
+        return _record_attempts(run_dir, attempts, "completed")
 
 
 def _record_attempts(run_dir: Path, attempts: list[dict], state: str) -> dict:
@@ -149,12 +139,6 @@ def _record_attempts(run_dir: Path, attempts: list[dict], state: str) -> dict:
     summary.update(attempts=attempts, state=state)
     path.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-
-
-
-
 
 
 def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
@@ -362,15 +346,5 @@ def _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_mo
     if ranks:
         sup.start("horovodrun", horovod_command(ranks, run_dir), dict(os.environ),
                   cwd=str(run_dir), server=False)
-
-
-
-
-
-
-
-
-
-
 
 
