@@ -152,3 +152,22 @@ def test_the_learning_rate_decays_on_a_plateau(small, tmp_path):
     assert [d["learning_rate"] for d in decays] == pytest.approx([1e-3, 1e-4][:len(decays)],
                                                                   rel=1e-5)
     assert res["selected"]["best"] and res["selected"]["step"] < res["step"]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_stops_where_the_undisturbed_one_stopped(small, tmp_path):
+    """A run stopped after its best evaluation (here: fewer epochs) and resumed keeps counting
+    the evaluations without improvement from its best (evaluations_since): it stops at the
+    undisturbed run's step and exports the same best model. It counted from 0 before, and
+    trained on (found by `bench chaos`: a retried job trained 2.3x the undisturbed steps)."""
+    calm = tmp_path / "calm"
+    _, res, _ = train(small, calm, "--epochs", "30")
+    best_step, epoch = res["selected"]["step"], 50
+    assert res["stopped_early"] and res["step"] == best_step + 2 * epoch
+    resumed = tmp_path / "resumed"
+    train(small, resumed, "--epochs", str(best_step // epoch + 1), "--checkpoint-every", "10")
+    _, again, events = train(small, resumed, "--epochs", "30")
+    assert again["resumed_from"] == best_step + epoch
+    assert again["stopped_early"] and again["step"] == res["step"]
+    assert again["selected"]["step"] == best_step
+    assert again["test"]["auc"] == pytest.approx(res["test"]["auc"], abs=1e-6)

@@ -166,7 +166,8 @@ class Controller:
     def run(self) -> Outcome:
         s, t = self.schedule, self.trainer
         start = t.step
-        best, bad_evals, stopped_early = t.best_kept(), 0, False
+        best, stopped_early = t.best_kept(), False
+        bad_evals = evaluations_since(s, best["step"], start) if best else 0
         windows, totals = [], StepStats()
         window, window_t = StepStats(), time.perf_counter()
         last_ckpt = time.monotonic()
@@ -219,10 +220,6 @@ class Controller:
                     break
                 if t.step % s.log_every == 0 or t.step == s.total_steps:
                     flush(t.step)
-                if (s.checkpoint_every and t.step % s.checkpoint_every == 0) or \
-                        (s.checkpoint_secs and time.monotonic() - last_ckpt >= s.checkpoint_secs):
-                    t.save(t.step)
-                    last_ckpt = time.monotonic()
                 if s.eval_every and t.step % s.eval_every == 0 and t.step != s.total_steps:
                     r_eval = t.evaluate("valid", t.step)      # the chief's; None elsewhere
                     if s.eval_test:
@@ -248,9 +245,24 @@ class Controller:
                             self.log.event("early_stop", step=t.step, best_step=best["step"],
                                            **{f"best_{s.monitor}": best["valid"][s.monitor]})
                         break
+                # After the evaluation of the same step: a checkpoint holds what it decided
+                # (a learning-rate decay; evaluations_since counts it on resume).
+                if (s.checkpoint_every and t.step % s.checkpoint_every == 0) or \
+                        (s.checkpoint_secs and time.monotonic() - last_ckpt >= s.checkpoint_secs):
+                    t.save(t.step)
+                    last_ckpt = time.monotonic()
         flush(t.step)
         return Outcome(t.step, stopped_early, windows, totals.input_wait_s, totals.compute_s,
                        best, s)
+
+
+def evaluations_since(s: Schedule, best_step: int, step: int) -> int:
+    """How many evaluations the schedule made after the best one, up to `step`: a resumed
+    run's count of evaluations without improvement, so that it stops where the run would
+    have stopped undisturbed. Each evaluation runs before the checkpoint of its step."""
+    if not s.eval_every:
+        return 0
+    return max(0, step // s.eval_every - best_step // s.eval_every)
 
 
 STOP, DECAY = 1, 2      # what an evaluation decides (Controller.run; trainer.agree)
