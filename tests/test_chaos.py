@@ -33,4 +33,5 @@ def test_chaos_allreduce_three_kills_including_a_host(tmp_path, data):
     assert abs(report["auc_difference"]) < AUC_TOLERANCE
     for run in (calm, chaos):
         assert run["left_behind"] == {"processes": [], "files": []}
+    assert 0 < calm["start_up_s"] < calm["seconds"] and calm["checkpoint_interval_s"] > 0
     assert "seconds lost per fault" in r.stdout and "| steps |" in r.stdout

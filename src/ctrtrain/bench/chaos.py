@@ -78,7 +78,19 @@ def _left_behind(run: Path) -> dict:
     return {"processes": alive, "files": files}
 
 
-def _outcome(proc: subprocess.Popen, run: Path, seconds: float) -> dict:
+def _timings(run: Path, launched: float) -> dict:
+    """From the job's metrics log: seconds from the launch to its first training step (the
+    first attempt's start-up), and the median seconds between checkpoints."""
+    path = run / "checkpoints" / "metrics.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    first = next((e["time"] for e in events if e["event"] == "train"), None)
+    saves = [e["time"] for e in events if e["event"] == "checkpoint"]
+    gaps = sorted(b - a for a, b in zip(saves, saves[1:]) if b > a)
+    return {"start_up_s": round(first - launched, 1) if first else None,
+            "checkpoint_interval_s": round(gaps[len(gaps) // 2], 1) if gaps else None}
+
+
+def _outcome(proc: subprocess.Popen, run: Path, seconds: float, launched: float) -> dict:
     out, err = proc.communicate()
     job = json.loads((run / "job.json").read_text()) if (run / "job.json").exists() else {}
     result_path = run / "model" / "result.json"
@@ -88,7 +100,7 @@ def _outcome(proc: subprocess.Popen, run: Path, seconds: float) -> dict:
             "state": job.get("state"), "step": result.get("step"),
             "test_auc": (result.get("test") or {}).get("auc"),
             "error": err.strip().splitlines()[-1] if proc.returncode and err.strip() else None,
-            "left_behind": _left_behind(run)}
+            **_timings(run, launched), "left_behind": _left_behind(run)}
 
 
 def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15.0,
@@ -102,10 +114,10 @@ def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15
             import shutil
             shutil.rmtree(work / name)
     print(f"[chaos] undisturbed run of {spec} ...", flush=True)
-    t0 = time.monotonic()
+    t0, launched = time.monotonic(), time.time()
     proc = _launch(spec, work / "undisturbed", retries)
     proc.wait(timeout=timeout)
-    undisturbed = _outcome(proc, work / "undisturbed", time.monotonic() - t0)
+    undisturbed = _outcome(proc, work / "undisturbed", time.monotonic() - t0, launched)
     if not undisturbed["finished"]:
         raise CtrError(f"the undisturbed run of {spec} failed, so faults cannot be measured "
                        f"against it: {undisturbed['error']}")
@@ -115,7 +127,7 @@ def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15
     run = work / "chaos"
     injected: list[dict] = []
     t0 = last = time.monotonic()
-    last_step = None
+    launched, last_step = time.time(), None
     proc = _launch(spec, run, retries)
     with bar(total=faults, desc="faults", unit="fault") as pb:
         while proc.poll() is None and time.monotonic() - t0 < timeout:
@@ -143,7 +155,7 @@ def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15
             pb.update(1)
     if proc.poll() is None:
         proc.kill()
-    chaos = _outcome(proc, run, time.monotonic() - t0)
+    chaos = _outcome(proc, run, time.monotonic() - t0, launched)
     lost = chaos["seconds"] - undisturbed["seconds"]
     report = {"spec": spec, "faults": injected, "undisturbed": undisturbed, "chaos": chaos,
               "seconds_lost_per_fault": round(lost / len(injected), 1) if injected else None,
@@ -165,6 +177,9 @@ def format_report(r: dict) -> str:
             ("steps", show(u["step"]), show(c["step"])),
             ("attempts", show(u["attempts"]), show(c["attempts"])),
             ("seconds", show(u["seconds"]), show(c["seconds"])),
+            ("start-up s (launch to first step)", show(u["start_up_s"]), show(c["start_up_s"])),
+            ("seconds between checkpoints", show(u["checkpoint_interval_s"]),
+             show(c["checkpoint_interval_s"])),
             ("test AUC", show(u["test_auc"], "{:.4f}"), show(c["test_auc"], "{:.4f}")),
             ("processes left", str(len(u["left_behind"]["processes"])),
              str(len(c["left_behind"]["processes"]))),
