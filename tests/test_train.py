@@ -99,6 +99,35 @@ def test_resume_skips_to_the_same_batches(synth):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_resumed_run_through_the_data_service_skips_what_it_consumed(synth, tmp_path):
+    """Through tf.data service a resumed run's service job starts the data anew; the consumer
+    drops the batches it had consumed (training_dataset), so it goes on with the data after
+    them, not the epoch's first part again (found by the data-service soak, issue 30). One
+    dispatcher and one worker of TensorFlow's own, in this process."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from ctrtrain.data.manifest import read_manifest
+    from ctrtrain.train.config import TrainConfig
+    from ctrtrain.train.inputs import training_dataset
+    root, _ = synth
+    dispatcher = tf.data.experimental.service.DispatchServer()
+    address = dispatcher.target.split("://")[1]
+    worker = tf.data.experimental.service.WorkerServer(  # noqa: F841 (serves while alive)
+        tf.data.experimental.service.WorkerConfig(dispatcher_address=address))
+    m = read_manifest(root / "tf" / "train")
+    base = TrainConfig(str(root / "tf" / "train"), str(tmp_path / "a"), shuffle_buffer=0,
+                       data_service=dispatcher.target, processing_mode="distributed_epoch")
+    full = training_dataset(base, m, 100, 0, 0)
+    want = [b["label"].numpy() for _, b in zip(range(40), full)][30:]
+    resumed = training_dataset(dataclasses.replace(base, model_dir=str(tmp_path / "b")), m, 100,
+                               30, 0)
+    got = [b["label"].numpy() for _, b in zip(range(10), resumed)]
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.slow
 def test_export_signature_and_batch_predict_in_order(synth, tmp_path):
     root, _ = synth

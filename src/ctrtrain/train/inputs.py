@@ -103,7 +103,14 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
         # every training process of the job joins one shared job.
         ds = ds.apply(tf.data.experimental.service.distribute(
             processing_mode=cfg.processing_mode, service=cfg.data_service,
-            job_name=f"ctrtrain-{Path(cfg.model_dir).name}")).prefetch(tf.data.AUTOTUNE)
+            job_name=f"ctrtrain-{Path(cfg.model_dir).name}"))
+        if skip_batches:
+            # A resumed job's service job starts the data anew: each consumer drops as many
+            # batches as it had consumed, so training goes on from the same point of the
+            # epochs (the service hands out splits as workers ask: the same amount of data,
+            # not the same batches). Without it every retry re-read its epoch's first part.
+            ds = ds.skip(skip_batches)
+        ds = ds.prefetch(tf.data.AUTOTUNE)
     return ds.with_options(data_options(cfg.threads))
 
 
