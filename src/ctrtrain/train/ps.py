@@ -177,9 +177,13 @@ def train_parameter_server(cfg, threads) -> dict:
     if not cfg.data_service:
         print("warning: no tf.data service: each worker samples the whole training set in its "
               "own order (see ctrtrain.train.ps)", flush=True)
-    # seed None: without a service every worker shuffles differently.
+    # seed None: without a service every worker shuffles differently. Through the service a
+    # resumed job's workers together skip the batches of the steps before it (each its share:
+    # the steps were taken by whichever worker was free), as sync training does.
+    skip = start_step // num_workers if cfg.data_service else 0
     per_worker = coordinator.create_per_worker_dataset(
-        lambda: training_dataset(dataclasses.replace(cfg, read_plan=None), m, cfg.batch_size, 0, None))
+        lambda: training_dataset(dataclasses.replace(cfg, read_plan=None), m, cfg.batch_size,
+                                 skip, None))
     trainer = PSTrainer(cfg, coordinator, worker_step, iter(per_worker), model, opt, manager,
                         stats, start_step, log, feature_size,
                         lambda e: train_read_error(e, cfg, m, feature_size))
