@@ -336,6 +336,13 @@ def test_a_process_that_exits_2_is_not_retried(tmp_path):
     assert (run / "attempts.txt").read_text() == "1"
 
 
+def test_launch_max_retry_attempts_overrides_the_spec(tmp_path):
+    run = tmp_path / "run"
+    spec = script_job(tmp_path, dies_until(run, 1, "print('done', flush=True)"))
+    r = run_cli("launch", spec, "--max-retry-attempts", 1)
+    assert "done" in r.stdout and json.loads((run / "job.json").read_text())["state"] == "completed"
+
+
 def test_max_retry_attempts_is_checked(tmp_path):
     for bad in (-1, 31, "3"):
         spec = script_job(tmp_path, "print('x')\n", max_retry_attempts=bad)
