@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ..data.manifest import INCOMPLETE_NAME
 from ..errors import CtrError
 from ..launch.isolation import job_processes
 from ..launch.launcher import saved_step
@@ -30,15 +32,18 @@ from ..progress import bar
 # A process's kind, from its label (<host>/<role>/<index>).
 KINDS = {"chief": "trainer", "worker": "trainer", "ps": "parameter server",
          "dispatcher": "dispatcher", "data_worker": "data worker", "train": "trainer"}
-LEFT_BEHIND = (".tmp", ".ctrtrain-incomplete")
+LEFT_BEHIND = (".tmp", INCOMPLETE_NAME)
 
 
 def _launch(spec: str, out: Path, retries: int | None) -> subprocess.Popen:
+    """The launch, its output in <out>.log: a pipe nobody reads while the run goes on would
+    fill and stall the job."""
     extra = ["--max-retry-attempts", str(retries)] if retries is not None else []
-    return subprocess.Popen([sys.executable, "-m", "ctrtrain.cli", "launch", spec, "--output-dir",
-                             str(out), "--quiet", *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CTRTRAIN_NO_PROGRESS": "1"})
+    with open(f"{out}.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "ctrtrain.cli", "launch", spec,
+                                 "--output-dir", str(out), "--quiet", *extra], stdout=log,
+                                stderr=subprocess.STDOUT,
+                                env={**os.environ, "CTRTRAIN_NO_PROGRESS": "1"})
 
 
 def _victims(run: Path, kinds: set[str]) -> list[tuple[str, str, list[int]]]:
@@ -91,7 +96,8 @@ def _timings(run: Path, launched: float) -> dict:
 
 
 def _outcome(proc: subprocess.Popen, run: Path, seconds: float, launched: float) -> dict:
-    out, err = proc.communicate()
+    proc.wait()
+    err = Path(f"{run}.log").read_text(errors="replace").strip()
     job = json.loads((run / "job.json").read_text()) if (run / "job.json").exists() else {}
     result_path = run / "model" / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
@@ -99,7 +105,7 @@ def _outcome(proc: subprocess.Popen, run: Path, seconds: float, launched: float)
             "seconds": round(seconds, 1), "attempts": len(job.get("attempts", [])) or None,
             "state": job.get("state"), "step": result.get("step"),
             "test_auc": (result.get("test") or {}).get("auc"),
-            "error": err.strip().splitlines()[-1] if proc.returncode and err.strip() else None,
+            "error": err.splitlines()[-1] if proc.returncode and err else None,
             **_timings(run, launched), "left_behind": _left_behind(run)}
 
 
@@ -111,7 +117,6 @@ def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15
     work.mkdir(parents=True, exist_ok=True)
     for name in ("undisturbed", "chaos"):
         if (work / name).exists():
-            import shutil
             shutil.rmtree(work / name)
     print(f"[chaos] undisturbed run of {spec} ...", flush=True)
     t0, launched = time.monotonic(), time.time()
