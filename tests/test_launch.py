@@ -228,19 +228,67 @@ def test_pipe_mode_feeds_each_host_its_share(tmp_path):
     assert got2["bytes"] == want2
 
 
-def test_pipe_mode_one_fifo_per_epoch(tmp_path):
+def test_pipe_mode_one_fifo_per_epoch_made_on_demand(tmp_path):
+    """As on SageMaker: no epoch count in the spec; each FIFO appears once the one before is
+    done, read to its end or closed early (a reader that read a few bytes and let go), and
+    the script may look for the next one before it opens it."""
     (tmp_path / "epochs.py").write_text(
         "import json, os\nch = os.environ['SM_CHANNEL_TRAINING']\n"
-        "sizes = [len(open(f'{ch}_{e}', 'rb').read()) for e in range(3)]\n"
+        "sizes = []\n"
+        "for e in range(5):\n"
+        "    assert not os.path.exists(f'{ch}_{e + 1}'), e\n"
+        "    with open(f'{ch}_{e}', 'rb') as f:\n"
+        "        sizes.append(len(f.read(10) if e % 2 else f.read()))\n"
+        "    for _ in range(500):\n"
+        "        if os.path.exists(f'{ch}_{e + 1}'): break\n"
+        "        __import__('time').sleep(0.01)\n"
+        "    assert os.path.exists(f'{ch}_{e + 1}'), e\n"
         "json.dump(sizes, open(os.path.join(os.environ['SM_MODEL_DIR'], 'sizes.json'), 'w'))\n")
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({
-        "name": "epochs", "entry_point": {"script": "epochs.py"}, "pipe_epochs": 3,
+        "name": "epochs", "entry_point": {"script": "epochs.py"},
         "instance_groups": [{"name": "g", "hosts": 1}],
         "channels": {"training": {"path": str(EXAMPLES / "data" / "text"), "input_mode": "Pipe"}},
         "output_dir": "run", "time_limit": 60}))
     run_cli("launch", tmp_path / "job.yaml")
     total = sum(f.stat().st_size for f in (EXAMPLES / "data" / "text").iterdir())
-    assert json.loads((tmp_path / "run" / "model" / "sizes.json").read_text()) == [total] * 3
+    assert json.loads((tmp_path / "run" / "model" / "sizes.json").read_text()) == [
+        total, 10, total, 10, total]
+    # pipe_epochs is a cap: a reader past it gets an empty stream and the job a reason.
+    spec = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    spec.update(pipe_epochs=3, output_dir="run-capped")
+    (tmp_path / "capped.yaml").write_text(yaml.safe_dump(spec))
+    r = run_cli("launch", tmp_path / "capped.yaml", check=False)
+    assert r.returncode == 2
+    assert ("a reader opened training_3, epoch 4 of the channel, but the job spec caps it at "
+            "pipe_epochs: 3") in r.stderr
+    assert alive(tmp_path / "run-capped")[1] == []
+
+
+def test_a_quiet_reader_of_a_pipe_channel_is_alive_while_it_is_fed(tmp_path):
+    """A script that prints nothing while it reads a long stream (an Estimator's evaluation)
+    makes progress: the watchdog (1.5 s here) lets it finish its 5 s of reading."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "big.bin").write_bytes(os.urandom(6 << 20))
+    (tmp_path / "slow.py").write_text(
+        "import os, time\nf = open(os.environ['SM_CHANNEL_TRAINING'] + '_0', 'rb')\n"
+        "while f.read(64 << 10): time.sleep(0.05)\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "quiet", "entry_point": {"script": "slow.py"}, "watchdog": 1.5,
+        "instance_groups": [{"name": "g", "hosts": 1}],
+        "channels": {"training": {"path": "d", "input_mode": "Pipe"}},
+        "output_dir": "run", "time_limit": 60}))
+    t = time.time()
+    run_cli("launch", tmp_path / "job.yaml")
+    assert time.time() - t > 4
+    # A reader that stops reading is stuck: the watchdog still ends it.
+    (tmp_path / "stuck.py").write_text(
+        "import os, time\nf = open(os.environ['SM_CHANNEL_TRAINING'] + '_0', 'rb')\n"
+        "f.read(1)\ntime.sleep(60)\n")
+    spec = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    spec.update(entry_point={"script": "stuck.py"}, output_dir="run-stuck")
+    (tmp_path / "stuck.yaml").write_text(yaml.safe_dump(spec))
+    r = run_cli("launch", tmp_path / "stuck.yaml", check=False)
+    assert r.returncode == 2 and "no progress for 1.5 s" in r.stderr
 
 
 def test_second_reader_of_a_fifo_is_an_error_not_a_hang(tmp_path):

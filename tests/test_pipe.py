@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import time
 
 import pytest
 import tensorflow as tf
@@ -85,22 +86,39 @@ def test_libsvm_lines_survive_any_chunking(synth):
     assert [x for b in line_blocks(io.BytesIO(b"1 1:1\n0 2:1"), "f") for x in b] == [b"1 1:1", b"0 2:1"]
 
 
-def test_each_pass_reads_the_next_epochs_fifo_then_ends(synth, tmp_path):
+def test_the_reader_reads_its_epochs_fifos_then_ends(synth, tmp_path):
     m = read_manifest(synth / "tf" / "train")
     errors = []
-    feeder = PipeFeeder(tmp_path, "training", m.paths(synth / "tf" / "train"), 2,
+    feeder = PipeFeeder(tmp_path, "training", m.paths(synth / "tf" / "train"), None,
                         lambda: [os.getpid()], errors.append)
     feeder.start()
     ds = make_pipe_dataset(str(tmp_path / "training"), m.field_size,
-                           cfg=PipelineConfig(batch_size=1000, shuffle_buffer=500))
+                           cfg=PipelineConfig(batch_size=1000, shuffle_buffer=500, epochs=2))
     labels = [b["label"].numpy() for b in ds]
-    feeder.join(10)
-    assert not errors and feeder.fed_epochs == 2
-    # Both epochs, every record, then the end (no third FIFO): 2 x 16,000 records.
+    # Two epochs, every record, then the end: 2 x 16,000 records. The feeder has made the
+    # third epoch's FIFO (on demand, as SageMaker does) and waits for a reader that never comes.
     assert len(labels) == 32 and sum(len(x) for x in labels) == 32_000
-    assert not (tmp_path / "training_2").exists()
+    assert not errors and feeder.fed_epochs == 2 and (tmp_path / "training_2").exists()
+    feeder.stop.set()
+    feeder.join(10)
+    # Without an epoch count (a run given in steps) the stream goes on: 5 epochs' batches.
+    (tmp_path / "more").mkdir()
+    feeder = PipeFeeder(tmp_path / "more", "training", m.paths(synth / "tf" / "train"), None,
+                        lambda: [os.getpid()], errors.append)
+    feeder.start()
+    more = make_pipe_dataset(str(tmp_path / "more" / "training"), m.field_size,
+                             cfg=PipelineConfig(batch_size=1000, shuffle_buffer=0, epochs=None))
+    assert len(list(more.take(80))) == 80
+    feeder.stop.set()
+    feeder.join(10)
+    assert not errors and feeder.fed_epochs >= 4
     with pytest.raises(DataError, match="no such FIFO"):
         next(PipeStream(str(tmp_path / "absent"))())
+    # A FIFO that never comes is an error naming it, not a wait forever.
+    (tmp_path / "gone_0").write_bytes(b"")           # an empty first epoch, then nothing
+    stream = PipeStream(str(tmp_path / "gone"), epochs=2, wait_s=0.5)
+    with pytest.raises(DataError, match="gone_1: epoch 2's FIFO did not appear within 0.5 s"):
+        list(stream())
 
 
 def pipe_spec(tmp_path, synth, example, hyperparameters, **over):
@@ -115,30 +133,33 @@ def pipe_spec(tmp_path, synth, example, hyperparameters, **over):
 
 @pytest.mark.slow
 @pytest.mark.tf215
-def test_deepfm_recipe_trains_from_a_pipe_channel_until_the_stream_ends(tmp_path, synth):
-    run_cli("launch", pipe_spec(tmp_path, synth, "deepfm-single", {}, pipe_epochs=2))
+def test_deepfm_recipe_trains_from_a_pipe_channel_for_its_epochs(tmp_path, synth):
+    run_cli("launch", pipe_spec(tmp_path, synth, "deepfm-single", {"epochs": 2}))
     result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
-    # No steps given: one reader trains on every record of both epochs, in full batches.
+    # No steps given: one reader trains on every record of two epochs' FIFOs, in full batches.
     assert result["step"] == 2 * 16_000 // 256
     assert result["test"]["auc"] > 0.6
 
 
 @pytest.mark.slow
-def test_allreduce_ranks_share_pipe_streams_and_a_short_stream_fails_fast(tmp_path, synth):
+def test_allreduce_ranks_share_pipe_streams_and_a_capped_stream_fails_fast(tmp_path, synth):
     # FullyReplicated over 2 hosts: each host's FIFO streams everything, each rank keeps
-    # every other record (a record shard), and both run the steps given. They stop reading
-    # in the middle of the second of 3 epochs: a reader that closes early is no failure.
+    # every other record (a record shard), and both run the steps given, reading as many
+    # epochs as they take. They stop in the middle of the second epoch: a reader that
+    # closes early is no failure.
     run_cli("launch", pipe_spec(tmp_path, synth, "deepfm-allreduce",
-                                {"steps": 40, "shuffle_buffer": 1000}, pipe_epochs=3))
+                                {"steps": 40, "shuffle_buffer": 1000}))
     result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
     assert result["step"] == 40 and result["replicas"] == 2 and result["test"]["auc"] > 0.55
-    # 8,000 records per rank and epoch = 31 batches of 256: 40 steps need a second epoch.
+    # 8,000 records per rank and epoch = 31 batches of 256: 40 steps need a second epoch,
+    # which a spec that caps the channel at one does not serve.
     (tmp_path / "short").mkdir()
+    t = time.time()
     r = run_cli("launch", pipe_spec(tmp_path / "short", synth, "deepfm-allreduce", {"steps": 40},
                                     pipe_epochs=1, time_limit=300), check=False)
-    assert r.returncode != 0
-    assert "input/data/training: the training data ended after 31 of 40 steps" in r.stderr
-    assert "exited with status 2" in r.stderr     # the recipe's own error, no traceback
+    assert r.returncode == 2 and time.time() - t < 120
+    assert ("a reader opened training_1, epoch 2 of the channel, but the job spec caps it at "
+            "pipe_epochs: 1") in r.stderr
 
 
 @pytest.mark.parametrize("over, message", [
@@ -179,7 +200,7 @@ def test_a_pipe_channel_streams_declared_fields(tmp_path, declared):
     hp = {"batch_size": 100, "fields": json.dumps(m.fields), "feature_size": m.feature_size,
           "export": False}
     spec = spec_from_example(
-        tmp_path, "deepfm-single", hyperparameters=hp, pipe_epochs=2,
+        tmp_path, "deepfm-single", hyperparameters={**hp, "epochs": 2},
         channels={"training": {"path": str(declared / "train"), "input_mode": "Pipe"},
                   "test": {"path": str(declared / "test")}})
     run_cli("launch", spec)

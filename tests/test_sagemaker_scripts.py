@@ -190,7 +190,7 @@ def test_pipe_mode_channel_streams_each_epoch(tmp_path):
     data.mkdir()
     (data / "a.csv").write_text("".join(f"{i},x\n" for i in range(10)))
     (data / "b.csv").write_text("".join(f"{i},y\n" for i in range(10, 15)))
-    job = sm_job(tmp_path, "pipe_mode", instance_count=1, pipe_epochs=2,
+    job = sm_job(tmp_path, "pipe_mode", instance_count=1,
                  channels={"training": {"path": "data", "input_mode": "Pipe"}})
     run_cli("launch", job)
     assert json.loads((tmp_path / "run" / "model" / "pipe.json").read_text()) == {
@@ -211,10 +211,42 @@ def test_pipe_mode_dataset_in_the_2_15_image(tmp_path):
                 "y": tf.train.Feature(float_list=tf.train.FloatList(value=[i % 2]))}))
                 .SerializeToString())
     job = sm_job(tmp_path, "pipe_mode_dataset", framework_version="2.15", instance_count=1,
-                 hyperparameters={"epochs": 2}, pipe_epochs=2,
+                 hyperparameters={"epochs": 2},
                  channels={"training": {"path": "data", "input_mode": "Pipe"}})
     run_cli("launch", job)
     assert json.loads((tmp_path / "run" / "model" / "pipe.json").read_text()) == {"rows": 40}
+
+
+@pytest.mark.slow
+def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path):
+    """The deep-learning containers' own Pipe-mode test, as a user would write it: an
+    Estimator trains on PipeModeDataset.repeat(3), checks that the FIFO after those it read
+    exists, evaluates the same way, then makes new PipeModeDatasets in graph mode several
+    times (read one record, discard, recreate, read one to its end). The spec names no epoch
+    count: every FIFO is made when the one before is done, and nothing waits forever."""
+    import numpy as np
+    import tensorflow as tf
+    before = machine_opt_ml()
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    with tf.io.TFRecordWriter(str(data / "part-0.tfrecord")) as w:
+        for _ in range(200):
+            x = rng.normal(size=4)
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "data": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.tobytes()])),
+                "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x.sum() > 0)]))
+            })).SerializeToString())
+    job = sm_job(tmp_path, "pipe_mode_estimator", framework_version="2.15", instance_count=1,
+                 hyperparameters={"dimension": 4, "epochs": 3}, watchdog=60,
+                 channels={"training": {"path": "data", "input_mode": "Pipe"}})
+    run_cli("launch", job)
+    got = json.loads((tmp_path / "run" / "model" / "pipe.json").read_text())
+    # 3 epochs of 200 records in batches of 5 (the Estimator reads the channel once more
+    # while it sets up, as it does on SageMaker: the script asserts <channel>_4).
+    assert got["evaluated"] == 3 * 200 // 5
+    assert got["same_first"] and got["last_epoch_records"] == 200
+    assert machine_opt_ml() == before
 
 
 @pytest.mark.slow

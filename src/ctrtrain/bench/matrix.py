@@ -150,14 +150,12 @@ def cell_spec(cell: dict, data: dict[str, Path], steps: int, out: Path) -> dict:
                                      "distribution": cell["distribution"]},
                         "test": {"path": str(data["test"])}}
     if cell["input_mode"] == "Pipe":
-        # A stream carries no manifest: the job says what it holds, and streams enough
-        # epochs for the steps (each reader keeps its record shard of its host's stream).
+        # A stream carries no manifest: the job says what it holds. The recipe, given steps,
+        # reads as many epochs' FIFOs as they take.
         from ..data.manifest import read_manifest
         m = read_manifest(data[cell["format"]])
         spec["hyperparameters"].update(field_size=m.field_size, feature_size=m.feature_size,
                                        data_format=m.format)
-        readers = _replicas(cell) if cell["mode"] in ("allreduce", "horovod") else 1
-        spec["pipe_epochs"] = -(-steps * cell["batch_size"] * readers // m.records) + 1
     spec["time_limit"] = 1800
     return spec
 

@@ -7,9 +7,12 @@ time, and handed to tf.data as blocks of serialized records; everything after th
 batch, vectorized parse) is the same pipeline as File mode (pipeline.py).
 
 Every TFRecord's length and data CRCs are checked, so a truncated or corrupted stream is an
-error that names the FIFO, the record and its byte offset, never silently shorter data. After
-each epoch's FIFO the next one is opened; when it does not appear, the stream has ended (the
-feeder makes the next one before closing the current one, so nobody waits on an absent one).
+error that names the FIFO, the record and its byte offset, never silently shorter data.
+
+The platform makes each epoch's FIFO on demand, once the one before is done, with no last
+one: the reader decides how many epochs it reads (the recipe's `epochs`, or as many as its
+`steps` take). A FIFO that does not appear within NEXT_EPOCH_WAIT_S is an error naming it,
+never a wait forever.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from ..errors import DataError
 
 READ_BYTES = 1 << 20          # bytes per read() from the FIFO
 BLOCK_RECORDS = 1024          # records per element handed to tf.data
-NEXT_EPOCH_WAIT_S = 1.0       # how long to look for the next epoch's FIFO before ending
+# How long to wait for the next epoch's FIFO. ctrtrain's feeder makes it before the reader
+# sees the end of the one before; SageMaker's platform makes it soon after.
+NEXT_EPOCH_WAIT_S = 60.0
 
 
 def tfrecord_blocks(stream, name: str, block: int = BLOCK_RECORDS):
@@ -83,14 +88,15 @@ def line_blocks(stream, name: str, block: int = BLOCK_RECORDS):
 
 
 class PipeStream:
-    """The generator behind a Pipe channel's dataset: streams `<prefix>_0`, `_1`, ... in turn
-    and ends when the next epoch's FIFO does not appear. The epochs are the feeder's, so the
-    dataset is read once (tf.data's `repeat` would call an exhausted generator forever)."""
+    """The generator behind a Pipe channel's dataset: streams `<prefix>_0`, `_1`, ... in turn,
+    `epochs` of them (None: without end, for a reader that counts steps). The epochs are read
+    here, so the dataset is read once (tf.data's `repeat` would open no new FIFO)."""
 
-    def __init__(self, prefix: str, fmt: str = "tfrecord"):
+    def __init__(self, prefix: str, fmt: str = "tfrecord", epochs: int | None = 1,
+                 wait_s: float = NEXT_EPOCH_WAIT_S):
         if fmt not in ("tfrecord", "libsvm"):
             raise ValueError(f"unknown Pipe stream format {fmt!r}")
-        self.prefix, self.fmt = prefix, fmt
+        self.prefix, self.fmt, self.epochs, self.wait_s = prefix, fmt, epochs, wait_s
 
     def fifo(self, epoch: int) -> str:
         return f"{self.prefix}_{epoch}"
@@ -98,29 +104,32 @@ class PipeStream:
     def __call__(self):
         blocks = tfrecord_blocks if self.fmt == "tfrecord" else line_blocks
         epoch = 0
-        while self._appears(epoch):
-            path = self.fifo(epoch)
+        while self.epochs is None or epoch < self.epochs:
+            path = self._wait_for(epoch)
             with open(path, "rb", buffering=0) as stream:
                 for b in blocks(stream, path):
                     yield np.array(b, dtype=object)
             epoch += 1
 
-    def _appears(self, epoch: int) -> bool:
+    def _wait_for(self, epoch: int) -> str:
         path = self.fifo(epoch)
-        deadline = time.monotonic() + NEXT_EPOCH_WAIT_S
+        deadline = time.monotonic() + self.wait_s
         while not os.path.exists(path):
             if epoch == 0:
                 raise DataError("no such FIFO: the channel is not in Pipe mode here, or "
                                 "nothing feeds it", path=path)
             if time.monotonic() > deadline:
-                return False
+                raise DataError(f"epoch {epoch + 1}'s FIFO did not appear within "
+                                f"{self.wait_s:g} s of the end of the one before: nothing "
+                                "feeds the channel any more", path=path)
             time.sleep(0.02)
-        return True
+        return path
 
 
-def pipe_records(prefix: str, fmt: str = "tfrecord"):
-    """A tf.data.Dataset of the Pipe channel's serialized records (one per element), every
-    epoch the feeder streams, in order; to be iterated once."""
+def pipe_records(prefix: str, fmt: str = "tfrecord", epochs: int | None = 1):
+    """A tf.data.Dataset of the Pipe channel's serialized records (one per element), `epochs`
+    FIFOs (None: without end) in order; to be iterated once."""
     import tensorflow as tf
     return tf.data.Dataset.from_generator(
-        PipeStream(prefix, fmt), output_signature=tf.TensorSpec([None], tf.string)).unbatch()
+        PipeStream(prefix, fmt, epochs),
+        output_signature=tf.TensorSpec([None], tf.string)).unbatch()

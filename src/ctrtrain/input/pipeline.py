@@ -196,11 +196,13 @@ def make_pipe_dataset(fifo_prefix: str, field_size: int, *, fmt: str = "tfrecord
                       cfg: PipelineConfig = PipelineConfig(),
                       record_shard: tuple[int, int] | None = None,
                       skip_batches: int = 0, schema=None) -> tf.data.Dataset:
-    """Training batches from a Pipe channel (FIFOs `<fifo_prefix>_<epoch>`): every epoch the
-    feeder streams, once (no cache, no repeat), ending with the stream."""
+    """Training batches from a Pipe channel (FIFOs `<fifo_prefix>_<epoch>`): cfg.epochs of
+    them (None: as many as the trainer's steps take), each streamed once (no cache; the
+    epochs are FIFOs, not a repeat)."""
     from .pipe import pipe_records
+    stream = pipe_records(fifo_prefix, fmt, cfg.epochs)
     cfg = dataclasses.replace(cfg, cache=False, epochs=1)
-    return batches(pipe_records(fifo_prefix, fmt), field_size, fmt=fmt, cfg=cfg,
+    return batches(stream, field_size, fmt=fmt, cfg=cfg,
                    record_shard=record_shard, skip_batches=skip_batches, training=True,
                    schema=schema)
 

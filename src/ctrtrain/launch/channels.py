@@ -5,7 +5,7 @@ every n-th key of the sorted list of keys, like S3 key sharding. A ctrtrain data
 (one with a manifest) is sharded by its data files, and every host gets the manifest of its
 share. Copies, not links: a script that writes into its input changes its host's copy only.
 Pipe mode feeds one FIFO per channel per epoch, input/data/<channel>_<epoch>, from the
-host's share."""
+host's share, each made when the one before is done."""
 
 from __future__ import annotations
 
@@ -139,19 +139,25 @@ def check_pipe_files(ch: Channel, files: list[str]) -> None:
 
 
 class PipeFeeder(threading.Thread):
-    """Feeds <dir>/<channel>_<epoch> FIFOs, one epoch after another. The FIFO is opened for
-    writing only when a reader has opened it (polled, so teardown never blocks here). If more
-    than one process of the job holds the FIFO open, the feeder reports an error instead of
-    splitting the stream between readers. A reader may close the FIFO before its end (it
-    trained the steps it wanted): feeding stops there, and that is not an error."""
+    """Feeds <dir>/<channel>_<epoch> FIFOs on demand, as SageMaker does: `_0` is in place
+    before the job starts, and `_N+1` appears once `_N` is done -- fed to its end, or closed
+    by its reader before that (a script that reads a few records and discards its dataset
+    gets a fresh epoch from the next one). There is no last epoch unless the spec sets
+    `pipe_epochs`: a reader that opens the FIFO past that cap gets an empty stream and the
+    job fails with a message naming the cap. A FIFO is opened for writing only when a reader
+    has opened it (polled, so teardown never blocks here); if more than one process of the
+    job holds it open, the feeder reports an error instead of splitting the stream."""
 
-    def __init__(self, directory: Path, channel: str, files: list[str], epochs: int,
+    def __init__(self, directory: Path, channel: str, files: list[str], epochs: int | None,
                  job_pids, on_error, chunk: int = 1 << 20):
         super().__init__(daemon=True, name=f"pipe-{channel}")
         self.directory, self.channel, self.files, self.epochs = directory, channel, files, epochs
         self.job_pids, self.on_error, self.chunk = job_pids, on_error, chunk
         self.stop = threading.Event()
         self.fed_epochs = 0
+        # Wall-clock time of the last bytes handed to a reader: a job whose processes print
+        # nothing while they read (an Estimator's evaluation) is making progress.
+        self.last_fed = time.time()
         self._make(0)  # in place before any process starts, as in a SageMaker container
 
     def _make(self, epoch: int) -> None:
@@ -164,48 +170,62 @@ class PipeFeeder(threading.Thread):
         return self.directory / f"{self.channel}_{epoch}"
 
     def run(self):
+        epoch = 0
         try:
-            for epoch in range(self.epochs):
+            while not self.stop.is_set():
                 path = self.fifo(epoch)
                 fd = self._open_when_read(path)
                 if fd is None:
                     return
+                if self.epochs is not None and epoch >= self.epochs:
+                    os.close(fd)      # the reader sees an empty stream, the job a reason
+                    path.unlink(missing_ok=True)
+                    raise ConfigError(
+                        f"a reader opened {path.name}, epoch {epoch + 1} of the channel, but the "
+                        f"job spec caps it at pipe_epochs: {self.epochs} (remove pipe_epochs to "
+                        "serve every epoch the script reads, as SageMaker does)")
                 try:
-                    os.set_blocking(fd, True)
-                    _widen(fd)
-                    self._check_single_reader(path)
-                    checked = time.monotonic()
-                    for f in self.files:
-                        with open(f, "rb") as src:
-                            offset, size = 0, os.fstat(src.fileno()).st_size
-                            while offset < size:
-                                if self.stop.is_set():
-                                    return
-                                # In the kernel, file to FIFO: no copy through this process.
-                                sent = os.sendfile(fd, src.fileno(), offset, self.chunk)
-                                if sent == 0:
-                                    raise OSError(f"{f} shrank while it was streamed")
-                                offset += sent
-                                # Scanning every job process's fds costs CPU the job shares:
-                                # once a second is enough to catch a second reader.
-                                if time.monotonic() - checked > CHECK_READERS_S:
-                                    self._check_single_reader(path)
-                                    checked = time.monotonic()
+                    self._feed(fd, path)
+                    self.fed_epochs += 1
+                except BrokenPipeError:
+                    # The reader closed it before its end: it read what it wanted (a run of
+                    # a given number of steps, a dataset read in part and discarded). The
+                    # supervisor judges the reader by its exit status; the channel goes on.
+                    pass
                 finally:
                     # Before the reader can see EOF: the next epoch's FIFO appears, and this
                     # one disappears, so a late second reader gets "no such file" at once
                     # instead of blocking forever on a FIFO nobody will write.
-                    if epoch + 1 < self.epochs:
-                        self._make(epoch + 1)
+                    self._make(epoch + 1)
                     path.unlink(missing_ok=True)
                     os.close(fd)
-                self.fed_epochs += 1
-        except BrokenPipeError:
-            # The reader stopped early: normal for a run of a given number of steps (the
-            # supervisor judges the reader by its exit status). The stream just ends here.
-            pass
+                epoch += 1
         except Exception as e:  # reported to the supervisor, which fails the job
             self.on_error(f"Pipe channel {self.channel}: {e}")
+
+    def _feed(self, fd: int, path: Path) -> None:
+        """The host's share of the channel, file after file, into the FIFO."""
+        os.set_blocking(fd, True)
+        _widen(fd)
+        self._check_single_reader(path)
+        checked = time.monotonic()
+        for f in self.files:
+            with open(f, "rb") as src:
+                offset, size = 0, os.fstat(src.fileno()).st_size
+                while offset < size:
+                    if self.stop.is_set():
+                        return
+                    # In the kernel, file to FIFO: no copy through this process.
+                    sent = os.sendfile(fd, src.fileno(), offset, self.chunk)
+                    if sent == 0:
+                        raise OSError(f"{f} shrank while it was streamed")
+                    offset += sent
+                    self.last_fed = time.time()
+                    # Scanning every job process's fds costs CPU the job shares: once a
+                    # second is enough to catch a second reader.
+                    if time.monotonic() - checked > CHECK_READERS_S:
+                        self._check_single_reader(path)
+                        checked = time.monotonic()
 
     def _open_when_read(self, path: Path):
         while not self.stop.is_set():

@@ -230,6 +230,7 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
             _start_processes(spec, sup, image, procs, boxes, hyperparameters, channel_modes,
                              cores, run_dir, containers)
         for f in feeders:
+            sup.add_progress(lambda f=f: f.last_fed)
             f.start()
         try:
             outcome = sup.wait()

@@ -49,7 +49,7 @@ class JobSpec:
     output_dir: str
     time_limit: float | None = None
     watchdog: float | None = 600.0
-    pipe_epochs: int = 1
+    pipe_epochs: int | None = None     # a cap on each Pipe channel's epochs; None: none
     # The estimator's: start the job again (from its checkpoints) after a process or host
     # dies, at most this many times (SageMaker allows up to 30).
     max_retry_attempts: int = 0
@@ -310,7 +310,8 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     wd = raw.get("watchdog", 600)
     _expect(wd is None or (isinstance(wd, (int, float)) and not isinstance(wd, bool) and wd > 0),
             "watchdog", "seconds > 0 or null")
-    pipe_epochs = _int(raw, "pipe_epochs", "job", 1)
+    # SageMaker serves as many Pipe epochs as a script reads; a cap is optional.
+    pipe_epochs = None if raw.get("pipe_epochs") is None else _int(raw, "pipe_epochs", "job", 1)
     retries = _int(raw, "max_retry_attempts", "job", 0, minimum=0)
     _expect(retries <= 30, "job.max_retry_attempts", f"at most 30 (SageMaker's limit), got {retries}")
     free = raw.get("min_free_disk_mb", 256)

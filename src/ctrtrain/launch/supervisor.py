@@ -1,7 +1,8 @@
 """Starts a job's processes, prefixes and files their logs, and tears the whole group down:
 on the first failure (with its log tail), when the time limit passes, when no training
-process has made progress for the watchdog's time (progress: a line of output, or a touch of
-its heartbeat file -- ctrtrain's trainer touches it every step and evaluation batch), when a
+process has made progress for the watchdog's time (progress: a line of output, a touch of
+its heartbeat file -- ctrtrain's trainer touches it every step and evaluation batch -- or
+bytes a Pipe channel's feeder handed to a reader), when a
 process stays stopped (SIGSTOP: it can neither fail nor finish, and its peers wait on it), on
 Ctrl-C, and -- for servers that never exit on their own -- when every finishing process has
 finished. Some processes may die without failing the job
@@ -91,6 +92,9 @@ class Supervisor:
         self._errors: list[str] = []
         self.pid_file = self.log_dir / "pids"
         self.tolerated: list[dict] = []   # failures the job survived
+        # Wall-clock times of progress the processes do not report themselves: a Pipe
+        # feeder handing bytes to a reader (see add_progress).
+        self._progress_sources: list = []
 
     def start(self, label: str, cmd: list[str], env: dict, cwd: str | None = None,
               server: bool = False, tolerated: bool = False,
@@ -114,6 +118,11 @@ class Supervisor:
         """The heartbeat file of a process (CTRTRAIN_HEARTBEAT): its progress, as the
         watchdog sees it."""
         return self.log_dir / (label.replace("/", "-") + ".heartbeat")
+
+    def add_progress(self, last_progress) -> None:
+        """A callable giving the wall-clock time of the job's latest progress seen elsewhere
+        (a Pipe feeder's last bytes): the watchdog holds the job alive while it is fresh."""
+        self._progress_sources.append(last_progress)
 
     def report_error(self, message: str) -> None:
         """For helpers (pipe feeders): fails the job with this message."""
@@ -188,7 +197,9 @@ class Supervisor:
                 if self.watchdog:
                     quiet = [m for m in workers if m.returncode is None and not m.finished()]
                     wall = time.time()
-                    if quiet and all(wall - m.last_progress() > self.watchdog for m in quiet):
+                    fed = any(wall - src() <= self.watchdog for src in self._progress_sources)
+                    if quiet and not fed and all(wall - m.last_progress() > self.watchdog
+                                                 for m in quiet):
                         states = ", ".join(f"{m.label} [{_state(m.proc.pid)}]" for m in quiet)
                         return self._fail(
                             f"no progress for {self.watchdog:g} s (no output or training "

@@ -393,8 +393,11 @@ def check_config(cfg: TrainConfig):
             raise ConfigError("a Pipe channel cannot be read through tf.data service (its FIFO "
                               "is on the training host, read in this process)")
         if cfg.cache:
-            raise ConfigError("cache: a Pipe channel streams every epoch anew (the job's "
-                              "pipe_epochs); use a File channel to cache the data in memory")
+            raise ConfigError("cache: a Pipe channel streams every epoch anew (a FIFO per "
+                              "epoch); use a File channel to cache the data in memory")
+        if not cfg.steps and cfg.epochs != int(cfg.epochs):
+            raise ConfigError(f"epochs {cfg.epochs:g}: a Pipe stream is read in whole epochs "
+                              "(a FIFO each); give whole epochs, or steps")
         for name in ("log_every", "eval_every", "checkpoint_every"):
             if isinstance(getattr(cfg, name), str) and getattr(cfg, name) != "auto":
                 raise ConfigError(f"{name}: a Pipe stream has no known epoch length; give steps")

@@ -214,8 +214,8 @@ class Controller:
                     flush(t.step)
                     if s.total_steps is not None:
                         raise DataError(f"the training data ended after {t.step} of "
-                                        f"{s.total_steps} steps (a Pipe channel: feed more "
-                                        "epochs, pipe_epochs, or train fewer steps)",
+                                        f"{s.total_steps} steps (a Pipe channel whose "
+                                        "stream stopped: the job's pipe_epochs cap?)",
                                         path=self.data_name)
                     break
                 if t.step % s.log_every == 0 or t.step == s.total_steps:

@@ -88,6 +88,9 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
                           label_format=m.label_format if m.format == "libsvm" else "01",
                           feature_size=cfg.feature_size or m.feature_size)
     if cfg.input_mode == "Pipe":
+        # The platform serves as many epochs as are read: `epochs` FIFOs, or without end
+        # when the run is given in steps (the trainer stops the reading).
+        pcfg.epochs = None if cfg.steps else int(cfg.epochs)
         ds = make_pipe_dataset(cfg.train_dir, m.field_size, fmt=m.format, cfg=pcfg,
                                record_shard=plan.record_shard if plan else None,
                                skip_batches=skip_batches, schema=m.schema)
