@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import tarfile
 import zipfile
@@ -32,6 +33,17 @@ def machine_opt_ml():
     """What the machine's own /opt/ml holds (None: it does not exist)."""
     p = Path("/opt/ml")
     return sorted(str(f) for f in p.rglob("*")) if p.exists() else None
+
+
+@pytest.fixture(scope="module")
+def image_cache(tmp_path_factory):
+    """CTRTRAIN_CACHE for framework images built on demand (and wheelhouses) in this module."""
+    return {"CTRTRAIN_CACHE": str(tmp_path_factory.mktemp("ctrtrain-cache"))}
+
+
+# The package index unreachable, as on a machine cut off from it: nothing can be downloaded.
+OFFLINE = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_CONFIG_FILE": os.devnull,
+           "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": ""}
 
 
 def sm_job(tmp_path, script, **spec):
@@ -130,6 +142,31 @@ def test_toolkit_environment_fixed_ports_on_named_hosts_and_requirements(tmp_pat
 
 
 @pytest.mark.slow
+def test_requirements_come_from_the_package_index_through_a_wheelhouse(tmp_path):
+    """requirements.txt names a PyPI package the image lacks: the launcher downloads it
+    before the hosts start (they have no route out), the toolkit installs it from there; a
+    second launch downloads nothing (the index is unreachable for it); a requirement that
+    cannot be had fails the job before any host starts, with pip's message."""
+    cache = {"CTRTRAIN_CACHE": str(tmp_path / "cache")}
+    job = sm_job(tmp_path, "requirements", instance_count=1)
+    (tmp_path / "code" / "requirements.txt").write_text("tabulate==0.9.0\n")
+    r = run_cli("launch", job, env=cache)
+    assert "downloading 1 package(s): tabulate==0.9.0" in r.stdout
+    got = json.loads((tmp_path / "run" / "model" / "requirements.json").read_text())
+    assert got["version"] == "0.9.0" and got["table"].split() == ["a", "b", "1", "2"]
+    # Installed into the host's own layer over the image, not into the image.
+    assert list((tmp_path / "run" / "tmp" / "algo-1" / "layers").rglob("tabulate/__init__.py"))
+    r = run_cli("launch", job, "--output-dir", tmp_path / "again", env={**cache, **OFFLINE})
+    assert "1 package(s) from the wheelhouse" in r.stdout and "downloading" not in r.stdout
+    assert json.loads((tmp_path / "again" / "model" / "requirements.json").read_text()) == got
+    (tmp_path / "code" / "requirements.txt").write_text("tabulate==0.9.0\nctrtrain-no-such-package==1.0\n")
+    r = run_cli("launch", job, "--output-dir", tmp_path / "missing", env=cache, check=False)
+    assert r.returncode == 2
+    assert "No matching distribution found for ctrtrain-no-such-package==1.0" in r.stderr
+    assert not (tmp_path / "missing" / "hosts").exists()
+
+
+@pytest.mark.slow
 def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -218,12 +255,52 @@ def test_pipe_mode_dataset_in_the_2_15_image(tmp_path):
 
 
 @pytest.mark.slow
-def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path):
+def test_a_framework_image_of_another_version_is_built_on_demand_and_reused(tmp_path, image_cache):
+    """framework_version 2.14, which no project environment has: the launch builds its image
+    (pip's progress, the time), and a Keras 2 script (MWMS model.fit, model.save(dir)) runs
+    on it; a second launch builds and downloads nothing (the index unreachable for it)."""
+    before = machine_opt_ml()
+    job = sm_job(tmp_path, "mwms_keras2", framework_version="2.14",
+                 hyperparameters={"epochs": 2, "batch-size": 16},
+                 distribution={"multi_worker_mirrored_strategy": {"enabled": True}})
+    r = run_cli("launch", job, env=image_cache, timeout=1800)
+    assert "building the framework image 2.14" in r.stdout
+    assert "[image 2.14 2/4] TensorFlow 2.14 and SageMaker's training toolkit" in r.stdout
+    assert re.search(r"image 2\.14 \(py311\) built in [\d.]+ s", r.stdout)
+    h = json.loads((tmp_path / "run" / "model" / "history.json").read_text())
+    assert h["tf"].startswith("2.14.") and ".engine.training" in h["keras_model_class"]  # Keras 2
+    assert h["replicas"] == 2 and len(h["accuracy"]) == 2
+    assert (tmp_path / "run" / "model" / "1" / "saved_model.pb").exists()
+    r = run_cli("launch", job, "--output-dir", tmp_path / "again", env={**image_cache, **OFFLINE})
+    assert "building" not in r.stdout
+    assert json.loads((tmp_path / "again" / "model" / "history.json").read_text())["tf"] == h["tf"]
+    listed = run_cli("images", "list", env=image_cache).stdout
+    assert re.search(r"^2\.14 +py311 +2\.14\.\d+ +4\.8\.3 +2\.14\.0\.1\.20\.0 .* built ", listed, re.M)
+    assert machine_opt_ml() == before
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"framework_version": "2.9"}, "pip cannot install TensorFlow 2.9 on Python 3.11 here "
+                                   "(releases with wheels for it: 2.12, 2.13,"),
+    ({"framework_version": "2.21", "py_version": "py35"},
+     "py_version py35: this machine has no Python 3.5 to build an image with (it has: "),
+])
+def test_an_image_that_cannot_be_had_is_refused_at_launch(tmp_path, image_cache, over, message):
+    job = sm_job(tmp_path, "failing", **over)
+    r = run_cli("launch", job, check=False, env=image_cache)
+    assert r.returncode == 2 and message in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path, image_cache):
     """The deep-learning containers' own Pipe-mode test, as a user would write it: an
     Estimator trains on PipeModeDataset.repeat(3), checks that the FIFO after those it read
     exists, evaluates the same way, then makes new PipeModeDatasets in graph mode several
     times (read one record, discard, recreate, read one to its end). The spec names no epoch
-    count: every FIFO is made when the one before is done, and nothing waits forever."""
+    count: every FIFO is made when the one before is done, and nothing waits forever. On the
+    2.14 image, whose PipeModeDataset op was built for its TensorFlow (in the 2.15 image the
+    2.14 op crashes on a bare dataset's iterator: docs/cluster.md)."""
     import numpy as np
     import tensorflow as tf
     before = machine_opt_ml()
@@ -237,10 +314,10 @@ def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path):
                 "data": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.tobytes()])),
                 "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x.sum() > 0)]))
             })).SerializeToString())
-    job = sm_job(tmp_path, "pipe_mode_estimator", framework_version="2.15", instance_count=1,
+    job = sm_job(tmp_path, "pipe_mode_estimator", framework_version="2.14", instance_count=1,
                  hyperparameters={"dimension": 4, "epochs": 3}, watchdog=60,
                  channels={"training": {"path": "data", "input_mode": "Pipe"}})
-    run_cli("launch", job)
+    run_cli("launch", job, env=image_cache, timeout=1800)
     got = json.loads((tmp_path / "run" / "model" / "pipe.json").read_text())
     # 3 epochs of 200 records in batches of 5 (the Estimator reads the channel once more
     # while it sets up, as it does on SageMaker: the script asserts <channel>_4).
@@ -263,9 +340,10 @@ def test_a_failing_script_writes_the_failure_file_and_fails_the_job(tmp_path):
 
 
 def test_unknown_framework_version_is_refused_by_name(tmp_path):
-    job = sm_job(tmp_path, "failing", framework_version="2.99")
+    job = sm_job(tmp_path, "failing", framework_version="3.1x")
     r = run_cli("launch", job, check=False)
-    assert r.returncode == 2 and "framework_version" in r.stderr and "2.99" in r.stderr and "2.21" in r.stderr
+    assert r.returncode == 2
+    assert "framework_version: '3.1x' is not a TensorFlow 2 release series such as 2.21" in r.stderr
 
 
 @pytest.mark.slow

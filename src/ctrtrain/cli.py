@@ -658,6 +658,9 @@ def cmd_launch(a):
         over["max_retry_attempts"] = a.max_retry_attempts
     spec = load_spec(a.spec, over)   # spec errors first, before any re-execution
     from .launch import isolation
+    from .launch.launcher import prepare_outside
+    if not isolation.inside("loopback"):
+        prepare_outside(spec)        # the package index is reachable only from out here
     mode = a.isolation or a.network or "containers"
     network = "host" if mode == "host" else "loopback"
     if isolation.isolate(a.argv, network) == "unavailable":
@@ -673,6 +676,51 @@ def cmd_launch(a):
               + " (docs/reliability.md)", file=sys.stderr)
     s = launch(spec, console=not a.quiet, containers=mode == "containers")
     print(f"job {s['job']} finished in {s['seconds']:.1f} s; model: {s.get('model')}")
+
+
+def _images_commands(sub):
+    p = sub.add_parser("images", help="framework images (a job spec's framework_version): list, "
+                                      "build or remove them")
+    isub = p.add_subparsers(dest="images_cmd", required=True)
+    q = isub.add_parser("list", help="every image a job spec can name, and where it is")
+    q.set_defaults(func=cmd_images_list)
+    for name, what in (("build", "build the image of a TensorFlow version (as `launch` does on "
+                                 "demand), showing pip's progress"),
+                       ("remove", "remove a built image")):
+        q = isub.add_parser(name, help=what)
+        q.add_argument("framework_version", help="a TensorFlow release series, e.g. 2.14")
+        q.add_argument("--py-version", default=None, help="e.g. py311 (default: this Python's)")
+        q.set_defaults(func=cmd_images_build if name == "build" else cmd_images_remove)
+
+
+def cmd_images_list(a):
+    from .launch.images import built_pythons, candidates, probe
+    built = set(built_pythons())
+    rows = []
+    for python in candidates():
+        image = probe(python)
+        if image is None or image.toolkit is None:
+            continue
+        rows.append((image.framework_version, image.py_version, image.tensorflow, image.toolkit,
+                     image.pipemode or "-", image.horovod or "-",
+                     "built" if python in built else "environment", python))
+    head = ("framework_version", "py", "tensorflow", "toolkit", "PipeModeDataset", "horovod",
+            "kind", "python")
+    rows = [head] + sorted(set(rows), key=lambda r: tuple(map(int, r[0].split("."))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def cmd_images_build(a):
+    from .launch.image_build import ensure_image
+    image = ensure_image(a.framework_version, a.py_version)
+    print(f"image {image.framework_version} ({image.py_version}): {image.python}")
+
+
+def cmd_images_remove(a):
+    from .launch.image_build import remove_image
+    print(f"removed {remove_image(a.framework_version, a.py_version)}")
 
 
 def _run_command(sub):
@@ -742,6 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_commands(sub)
     _train_commands(sub)
     _launch_commands(sub)
+    _images_commands(sub)
     _run_command(sub)
     _bench_commands(sub)
     _tune_command(sub)

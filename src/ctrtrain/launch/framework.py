@@ -42,8 +42,20 @@ def platform_env(spec: JobSpec, image: Image, host: str) -> dict[str, str]:
            "PIP_NO_INDEX": "1", "SAGEMAKER_TRAINING_MODULE": TOOLKIT_MODULE,
            "TRAINING_JOB_NAME": spec.name, "AWS_REGION": spec.region,
            "TF_CPP_MIN_LOG_LEVEL": "2"}
+    wheels = job_wheelhouse(spec, image)
+    if wheels:
+        # The toolkit's `pip install -r requirements.txt` finds the index's packages here.
+        env["PIP_FIND_LINKS"] = str(wheels)
     env.update(spec.environment)
     return env
+
+
+def job_wheelhouse(spec: JobSpec, image: Image) -> Path | None:
+    """The wheelhouse of the job's requirements.txt for its image, made before the hosts
+    start (wheelhouse.py)."""
+    from .wheelhouse import ready, requirements_file
+    req = requirements_file(spec.source_dir)
+    return ready(req, image) if req else None
 
 
 def start_framework_hosts(spec, sup, image, hosts, boxes, hyperparameters, channel_modes, cores,

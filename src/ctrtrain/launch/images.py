@@ -5,7 +5,8 @@ simulated host runs it under a writable layer of its own (container.py).
 
 Where they come from: the project's scripts build `.venv` (TensorFlow 2.21, scripts/env.sh)
 and `.venv-hvd` (TensorFlow 2.15.1, Keras 2, Horovod, scripts/horovod_env.sh), both with
-sagemaker-training and sagemaker-tensorflow-training. Other Pythons can be offered with
+sagemaker-training and sagemaker-tensorflow-training; any other version pip can install is
+built on demand into the cache (image_build.py). Other Pythons can be offered with
 CTRTRAIN_IMAGES (paths of python executables, separated by ':'). A Python is the image of
 version X.Y when its installed TensorFlow is X.Y.*; found by reading package metadata (no
 TensorFlow import)."""
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from .cache import cache_dir
 
 TOOLKIT_MODULE = "sagemaker_tensorflow_container.training:main"
 
@@ -43,6 +45,7 @@ print(json.dumps({"prefix": sys.prefix, "python": "py%d%d" % sys.version_info[:2
                   "tensorflow": v("tensorflow-cpu") or v("tensorflow"),
                   "toolkit": v("sagemaker-training"),
                   "tf_toolkit": v("sagemaker-tensorflow-training"), "horovod": v("horovod"),
+                  "pipemode": v("sagemaker-tensorflow"),
                   "training_env_keys": training_env_keys()}))
 """
 
@@ -56,6 +59,7 @@ class Image:
     toolkit: str | None  # sagemaker-training's version
     horovod: str | None = None
     training_env_keys: tuple[str, ...] | None = None  # SM_TRAINING_ENV's keys in its toolkit
+    pipemode: str | None = None   # sagemaker-tensorflow's version (PipeModeDataset)
 
     @property
     def framework_version(self) -> str:
@@ -66,13 +70,30 @@ class Image:
         return str(Path(self.python).parent)
 
 
-def _candidates() -> list[str]:
+INCOMPLETE = ".ctrtrain-incomplete"    # in a built image until its build's last step
+
+
+def image_dir(framework_version: str, py_version: str) -> Path:
+    """Where the image of a version built on demand lives."""
+    return cache_dir("images") / f"tensorflow-{framework_version}-{py_version}"
+
+
+def built_pythons() -> list[str]:
+    """The pythons of every complete built image."""
+    root = cache_dir("images")
+    return [str(d / "bin" / "python") for d in sorted(root.iterdir())
+            if d.is_dir() and not (d / INCOMPLETE).exists() and (d / "bin" / "python").exists()]
+
+
+def candidates() -> list[str]:
+    """Every Python that may be an image: this one, CTRTRAIN_IMAGES, the project's venvs,
+    the built ones."""
     out = [sys.executable]
     out += [p for p in os.environ.get("CTRTRAIN_IMAGES", "").split(":") if p]
     repo = Path(__file__).resolve().parents[3]
     for venv in (".venv", ".venv-hvd"):
         out.append(str(repo / venv / "bin" / "python"))
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out + built_pythons()))
 
 
 @functools.lru_cache(maxsize=None)
@@ -89,14 +110,14 @@ def probe(python: str) -> Image | None:
     # the console scripts the toolkit runs.
     keys = tuple(d["training_env_keys"]) if d["training_env_keys"] else None
     return Image(python, d["prefix"], d["python"], d["tensorflow"], d["toolkit"], d["horovod"],
-                 keys)
+                 keys, d["pipemode"])
 
 
 def find_image(framework_version: str, py_version: str | None = None) -> Image:
     """The image of a framework version, with the toolkit installed; refused by name when
     there is none."""
     seen = []
-    for python in _candidates():
+    for python in candidates():
         image = probe(python)
         if image is None:
             continue
@@ -112,8 +133,10 @@ def find_image(framework_version: str, py_version: str | None = None) -> Image:
                               "(scripts/env.sh or scripts/horovod_env.sh)")
         return image
     raise ConfigError(f"framework_version {framework_version}: no image of it here (found: "
-                      f"{', '.join(seen) or 'none'}); `bash scripts/horovod_env.sh` builds 2.15, "
-                      "scripts/env.sh 2.21, or name another Python in CTRTRAIN_IMAGES")
+                      f"{', '.join(seen) or 'none'}); `ctrtrain images build "
+                      f"{framework_version}` builds it (`ctrtrain launch` does so on demand), "
+                      "`bash scripts/horovod_env.sh` builds 2.15, or name another Python in "
+                      "CTRTRAIN_IMAGES")
 
 
 def own_image() -> Image:

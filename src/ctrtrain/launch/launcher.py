@@ -93,6 +93,20 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None,
         lock.close()
 
 
+def prepare_outside(spec: JobSpec):
+    """What a framework image job needs from the package index, fetched before the hosts
+    start (by `ctrtrain launch` before it enters the job's namespaces, where nothing routes
+    out; found ready here then): its image, built on demand, and its requirements.txt's
+    wheelhouse. Returns the wheelhouse's path (None without a requirements.txt)."""
+    if not spec.framework_version:
+        return None
+    from .image_build import ensure_image
+    from .wheelhouse import prepare, requirements_file
+    image = ensure_image(spec.framework_version, spec.py_version)
+    req = requirements_file(spec.source_dir)
+    return prepare(req, image) if req else None
+
+
 RETRY_BACKOFF_S = 2.0   # between attempts: the torn-down job's ports and files settle
 
 
@@ -155,6 +169,7 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
         procs = plan_cluster(spec.topology, address=lambda host, slot: f"127.0.0.1:{ports.get()}")
     framework = spec.framework_version is not None
     image = find_image(spec.framework_version, spec.py_version) if framework else own_image()
+    wheels = prepare_outside(spec) if framework else None
     training_hosts = hosts if framework else sorted(
         {p.host for p in procs if p.role in ("chief", "worker")}, key=hosts.index)
     shares, warnings = {}, []
@@ -214,7 +229,8 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
         if containers:
             boxes[host] = HostContainer(
                 host, hosts.index(host), tree, run_dir / "tmp" / host, hosts,
-                keep=[image.prefix, str(Path(__file__).resolve().parents[2]), str(run_dir)],
+                keep=[image.prefix, str(Path(__file__).resolve().parents[2]), str(run_dir),
+                      *([str(wheels)] if wheels else [])],
                 images=[image.prefix], binds={"/opt/ml/checkpoints": str(shared_ckpt),
                                               SHARED: str(shared)})
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -220,9 +221,10 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
     framework_version = raw.get("framework_version")
     if framework_version is not None:
         framework_version = str(framework_version)
-        _expect(framework_version in FRAMEWORK_VERSIONS, "framework_version",
-                f"{_show(framework_version)} is not a framework image ctrtrain provides "
-                f"({', '.join(FRAMEWORK_VERSIONS)})")
+        # Whether pip can install it here is checked at launch (image_build.py).
+        _expect(re.fullmatch(r"2\.\d+", framework_version) is not None, "framework_version",
+                f"{_show(framework_version)} is not a TensorFlow 2 release series such as "
+                f"{' or '.join(FRAMEWORK_VERSIONS)}")
     dist = raw.get("distribution", {"mode": "single"}) or {"mode": "single"}
     if isinstance(dist, str):
         dist = {"mode": dist}
