@@ -279,9 +279,27 @@ def test_a_framework_image_of_another_version_is_built_on_demand_and_reused(tmp_
     assert machine_opt_ml() == before
 
 
+@pytest.mark.slow
+def test_an_older_release_runs_on_the_python_it_was_published_for(tmp_path, image_cache):
+    """TensorFlow 2.9 has no wheels for this Python (3.11) but has them for 3.10: with
+    py_version py310 (a Python 3.10 on PATH or from pyenv) its image is built, Keras 2 and
+    numpy 1 as 2.9 needs, and a Keras script written for it runs (model.fit, model.save)."""
+    from ctrtrain.launch.image_build import interpreter
+    if interpreter("py310") is None:
+        pytest.skip("no Python 3.10 on this machine")
+    job = sm_job(tmp_path, "keras_fit", framework_version="2.9", py_version="py310",
+                 instance_count=1, hyperparameters={"epochs": 2, "batch-size": 16})
+    r = run_cli("launch", job, env=image_cache, timeout=1800)
+    assert re.search(r"image 2\.9 \(py310\) built in [\d.]+ s", r.stdout)
+    h = json.loads((tmp_path / "run" / "model" / "history.json").read_text())
+    assert h["tf"].startswith("2.9.") and ".engine.training" in h["keras_model_class"]
+    assert len(h["accuracy"]) == 2 and (tmp_path / "run" / "model" / "1" / "saved_model.pb").exists()
+
+
 @pytest.mark.parametrize("over, message", [
-    ({"framework_version": "2.9"}, "pip cannot install TensorFlow 2.9 on Python 3.11 here "
-                                   "(releases with wheels for it: 2.12, 2.13,"),
+    ({"framework_version": "2.10"}, "pip cannot install TensorFlow 2.10 on Python 3.11 here "
+                                    "(releases with wheels for it: 2.12, 2.13,"),
+    ({"framework_version": "2.7"}, "pip cannot install TensorFlow 2.7 on Python 3.11 here"),
     ({"framework_version": "2.21", "py_version": "py35"},
      "py_version py35: this machine has no Python 3.5 to build an image with (it has: "),
 ])

@@ -3,14 +3,16 @@ machine's Python, as SageMaker offers a container for every release. An image is
 the cache (cache.py: images/tensorflow-X.Y-pyNNN) holding what SageMaker's TensorFlow
 container of that version holds for a training script:
 
-- tensorflow-cpu X.Y (the newest patch release); Keras 2 is TensorFlow's own up to 2.15, and
+- tensorflow-cpu X.Y (the newest patch release) for the job's py_version (this Python's by
+  default; another one on PATH or installed by pyenv, for releases older than this Python's
+  wheels); Keras 2 is TensorFlow's own up to 2.15, and
   tf-keras X.Y from 2.16 on (Keras 3 is the default there: TF_USE_LEGACY_KERAS=1 selects it);
 - SageMaker's training toolkit (sagemaker-training; 4.8.3 up to TF 2.15, whose protobuf 3.20
   the 5.x toolkits cannot use) and the TensorFlow container's entry
   (sagemaker-tensorflow-training, without its dependency pins, as in the project's images);
 - SageMaker's PipeModeDataset (sagemaker-tensorflow X.Y, its C++ op built for that
-  TensorFlow) where AWS published one (2.12 to 2.14): from its cp310 wheel, whose files do
-  not depend on the Python version.
+  TensorFlow) where AWS published a cp310 wheel of it (2.11 to 2.14), whose files do not
+  depend on the Python version.
 
 Horovod stays in the 2.15 image (scripts/horovod_env.sh). A build shows pip's progress and
 its time; it runs under a lock, is marked incomplete until its last step (an interrupted
@@ -37,9 +39,20 @@ TOOLKIT_ENTRY = "sagemaker-tensorflow-training==20.5.0"
 
 
 def _toolkit(version: tuple[int, int]) -> list[str]:
+    """SageMaker's training toolkit for a TensorFlow version, and the protobuf both accept.
+    TensorFlow 2.8-2.11 name no upper bound on numpy but break under numpy 2."""
+    if version < (2, 12):
+        return ["sagemaker-training==4.8.3", "protobuf<3.20", "numpy<2"]
     if version < (2, 16):
         return ["sagemaker-training==4.8.3", "protobuf==3.20.3"]
     return ["sagemaker-training==5.1.4"]
+
+
+def _series(python_version: str) -> list[str]:
+    """The TensorFlow release series pip can install for Python `python_version`, oldest first."""
+    releases = installable("tensorflow-cpu", python_version)
+    return sorted({".".join(v.split(".")[:2]) for v in releases if re.match(r"\d+\.\d+\.\d+$", v)},
+                  key=lambda s: tuple(map(int, s.split("."))))
 
 
 def this_py() -> str:
@@ -100,13 +113,16 @@ def build_image(framework_version: str, py_version: str | None = None, say=print
         raise ConfigError(f"py_version {py}: this machine has no Python {py[2]}.{py[3:]} to "
                           f"build an image with (it has: {', '.join(known_interpreters())})")
     dotted = f"{py[2]}.{py[3:]}"
-    releases = installable("tensorflow-cpu", dotted)
-    series = sorted({".".join(v.split(".")[:2]) for v in releases if re.match(r"\d+\.\d+\.\d+$", v)},
-                    key=lambda s: tuple(map(int, s.split("."))))
+    series = _series(dotted)
     if framework_version not in series:
+        # Another Python of this machine may have it (TensorFlow 2.8-2.11 stop at 3.10).
+        others = [o for o in known_interpreters()
+                  if o != py and framework_version in _series(f"{o[2]}.{o[3:]}")]
+        hint = f"; py_version {' or '.join(others)} can have it" if others else ""
         raise ConfigError(f"framework_version {framework_version}: pip cannot install TensorFlow "
                           f"{framework_version} on Python {dotted} here (releases with wheels "
-                          f"for it: {', '.join(series) or 'none found: is the index reachable?'})")
+                          f"for it: {', '.join(series) or 'none found: is the index reachable?'})"
+                          + hint)
     target = image_dir(framework_version, py)
     lock_path = target.parent / f".{target.name}.lock"
     with open(lock_path, "w") as lock:
