@@ -44,42 +44,27 @@ cfg = ModelConfig(feature_size=ROWS, field_size=F, embedding_size=K, deep_layers
 
 
 def make(kind):
+    """The compiled step of a variant (reference, xla, xla_fm) over a fresh model."""
     model, opt, step, variables = build_training(
         cfg, "adam", 1e-3, optimizer_params={"table_updates": "catchup", "table_l2": 1e-4})
     if kind == "reference":
-        return step, model, opt
+        return step
     table = model.embeddings.table
     dense = variables[1:]
 
+    def loss_of(logits, labels):
+        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+
     @tf.function(jit_compile=True)
-    def dense_part(rows, values, labels):
+    def whole(rows, values, labels):
+        """xla: the block to the loss and its gradients, one cluster."""
         with tf.GradientTape() as tape:
             tape.watch(rows)
-            scaled = rows * tf.expand_dims(values, -1)
             logits = model.bias
-            for t in model.terms(Embedded(scaled, True), True):
+            for t in model.terms(Embedded(rows * tf.expand_dims(values, -1), True), True):
                 logits = logits + t
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        g = tape.gradient(loss, [rows] + dense)
-        return loss, g[0], g[1:]
-
-    @tf.function
-    def xla_step(batch):
-        single = tf.reshape(batch["ids"], [-1])
-        distinct, where = tf.unique(single)
-        table_rows = tf.nn.embedding_lookup(table, distinct)
-        offset = opt.row_correction(table, distinct, stored=table_rows)
-        if offset is not None:
-            table_rows = table_rows - tf.stop_gradient(offset)
-        rows = tf.reshape(tf.gather(table_rows, where), [B, F, K + 1])
-        loss, g_rows, g_dense = dense_part(rows, batch["values"], batch["label"])
-        g_table = tf.math.unsorted_segment_sum(tf.reshape(g_rows, [-1, K + 1]), where,
-                                               tf.shape(distinct)[0])
-        grads = [tf.IndexedSlices(g_table, distinct, tf.shape(table, out_type=tf.int64))] + list(g_dense)
-        opt.apply_gradients(zip(grads, variables), unique_indices=True)
-        return loss
-    if kind == "xla":
-        return xla_step, model, opt
+            loss = loss_of(logits, labels)
+        return loss, tape.gradient(loss, [rows] + dense)
 
     @tf.function(jit_compile=True)
     def fm_jit(rows, values):
@@ -87,27 +72,34 @@ def make(kind):
         first, fm = first_and_fm(scaled)
         return scaled, first + fm
 
+    def fm_only(rows, values, labels):
+        """xla_fm: only the scaling and the FM terms compiled; the MLP outside."""
+        with tf.GradientTape() as tape:
+            tape.watch(rows)
+            scaled, lin = fm_jit(rows, values)
+            loss = loss_of(model.bias + lin + model.mlp(tf.reshape(scaled, [B, -1]), True)[:, 0],
+                           labels)
+        return loss, tape.gradient(loss, [rows] + dense)
+
+    static_part = whole if kind == "xla" else fm_only
+
     @tf.function
-    def fm_step(batch):
-        single = tf.reshape(batch["ids"], [-1])
-        distinct, where = tf.unique(single)
+    def split_step(batch):
+        # Dynamic: distinct ids, their (caught-up) rows, the block; then the static part;
+        # then the block's gradient summed per distinct row, and the update.
+        distinct, where = tf.unique(tf.reshape(batch["ids"], [-1]))
         table_rows = tf.nn.embedding_lookup(table, distinct)
         offset = opt.row_correction(table, distinct, stored=table_rows)
         if offset is not None:
             table_rows = table_rows - tf.stop_gradient(offset)
         rows = tf.reshape(tf.gather(table_rows, where), [B, F, K + 1])
-        with tf.GradientTape() as tape:
-            tape.watch(rows)
-            scaled, lin = fm_jit(rows, batch["values"])
-            logits = model.bias + lin + model.mlp(tf.reshape(scaled, [B, -1]), True)[:, 0]
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=batch["label"], logits=logits))
-        g = tape.gradient(loss, [rows] + dense)
+        loss, g = static_part(rows, batch["values"], batch["label"])
         g_table = tf.math.unsorted_segment_sum(tf.reshape(g[0], [-1, K + 1]), where,
                                                tf.shape(distinct)[0])
         grads = [tf.IndexedSlices(g_table, distinct, tf.shape(table, out_type=tf.int64))] + list(g[1:])
         opt.apply_gradients(zip(grads, variables), unique_indices=True)
         return loss
-    return fm_step, model, opt
+    return split_step
 
 
 def timed(step, n):
@@ -121,7 +113,7 @@ def timed(step, n):
 
 
 kinds = sys.argv[1:] or ["reference", "xla", "xla_fm"]
-steps = {k: make(k)[0] for k in kinds}
+steps = {k: make(k) for k in kinds}
 res = {k: [] for k in kinds}
 for r in range(3):
     for k in kinds:
