@@ -659,10 +659,13 @@ def cmd_launch(a):
     spec = load_spec(a.spec, over)   # spec errors first, before any re-execution
     from .launch import isolation
     from .launch.launcher import prepare_outside
-    if not isolation.inside("loopback"):
-        prepare_outside(spec)        # the package index is reachable only from out here
     mode = a.isolation or a.network or "containers"
     network = "host" if mode == "host" else "loopback"
+    if (spec.framework_version and mode == "containers" and not isolation.inside(network)
+            and isolation.available(network)):
+        # The package index is reachable only from out here; and nothing is fetched for a
+        # job that is refused below (no namespaces) or in launch (not in containers).
+        prepare_outside(spec)
     if isolation.isolate(a.argv, network) == "unavailable":
         if mode == "containers":
             raise ConfigError("simulated hosts need user namespaces (`unshare --user`), which "
