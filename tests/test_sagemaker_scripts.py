@@ -280,6 +280,40 @@ def test_a_framework_image_of_another_version_is_built_on_demand_and_reused(tmp_
 
 
 @pytest.mark.slow
+def test_an_interrupted_image_build_is_never_used_and_concurrent_builds_build_once(tmp_path):
+    """A build killed half-way leaves an image marked incomplete: not listed, not used, and
+    built anew; two builds of one image at once build it once (the second waits, then
+    reuses it)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    env = {**os.environ, "CTRTRAIN_CACHE": str(tmp_path / "cache")}
+    build = [sys.executable, "-m", "ctrtrain.cli", "images", "build", "2.14"]
+    first = subprocess.Popen(build, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    for line in first.stdout:
+        if "[image 2.14 2/4]" in line:
+            break
+    time.sleep(3)                                  # pip is installing TensorFlow
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    image = tmp_path / "cache" / "images" / "tensorflow-2.14-py311"
+    assert (image / ".ctrtrain-incomplete").exists()
+    def listed():
+        return [ln for ln in run_cli("images", "list", env=env).stdout.splitlines()
+                if ln.startswith("2.14 ")]
+    assert listed() == []
+    both = [subprocess.Popen(build, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) for _ in range(2)]
+    outs = [b.communicate(timeout=1800)[0] for b in both]
+    assert [b.returncode for b in both] == [0, 0]
+    assert sum("building the framework image 2.14" in o for o in outs) == 1
+    assert not (image / ".ctrtrain-incomplete").exists()
+    assert len(listed()) == 1 and " built " in listed()[0]
+
+
+@pytest.mark.slow
 def test_an_older_release_runs_on_the_python_it_was_published_for(tmp_path, image_cache):
     """TensorFlow 2.9 has no wheels for this Python (3.11) but has them for 3.10: with
     py_version py310 (a Python 3.10 on PATH or from pyenv) its image is built, Keras 2 and

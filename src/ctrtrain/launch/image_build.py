@@ -170,6 +170,7 @@ def _build(target: Path, base: str, version: str, dotted: str, say) -> None:
     for i, (what, cmd) in enumerate(steps, 1):
         t = time.monotonic()
         say(f"[image {version} {i}/{len(steps)}] {what} ...")
+        sys.stdout.flush()      # before pip's own lines, in order, when stdout is a pipe
         r = subprocess.run(cmd, stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=3600)
         if r.returncode != 0:

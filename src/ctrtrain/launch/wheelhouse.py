@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ def prepare(requirements: Path, image: Image, say=print) -> Path:
     path.mkdir(parents=True)
     if wanted:
         say(f"{requirements}: downloading {len(wanted)} package(s): {', '.join(wanted)}")
+        sys.stdout.flush()      # before pip's own lines, in order, when stdout is a pipe
         r = subprocess.run([image.python, "-m", "pip", "download", "--no-deps", "--progress-bar",
                             "on", "-d", str(path), *wanted], cwd=requirements.parent,
                            stderr=subprocess.PIPE, text=True, timeout=3600)
