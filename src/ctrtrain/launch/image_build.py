@@ -28,7 +28,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -158,7 +157,7 @@ def _build(target: Path, base: str, version: str, dotted: str, say) -> None:
           *([f"tf-keras=={version}.*"] if v >= (2, 16) else [])]),
     ]
     if pipemode:
-        purelib = sysconfig.get_path("purelib", vars={"base": str(target), "platbase": str(target)})
+        purelib = str(target / "lib" / f"python{dotted}" / "site-packages")   # the venv's
         steps.append((f"PipeModeDataset (sagemaker-tensorflow {pipemode[0]})",
                       [python, "-m", "pip", "install", "--no-deps", "--only-binary=:all:",
                        "--python-version", "3.10", "--upgrade", "--target", purelib,
