@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from .images import INCOMPLETE, Image, find_image, image_dir, probe
+from ..data.manifest import INCOMPLETE_NAME
+from .images import Image, find_image, image_dir, probe
 
 TOOLKIT_ENTRY = "sagemaker-tensorflow-training==20.5.0"
 
@@ -126,7 +127,7 @@ def build_image(framework_version: str, py_version: str | None = None, say=print
     lock_path = target.parent / f".{target.name}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)     # one build of an image at a time
-        if target.exists() and not (target / INCOMPLETE).exists():
+        if target.exists() and not (target / INCOMPLETE_NAME).exists():
             image = probe(str(target / "bin" / "python"))
             if image:
                 return image
@@ -163,7 +164,7 @@ def _build(target: Path, base: str, version: str, dotted: str, say) -> None:
                        "--python-version", "3.10", "--upgrade", "--target", purelib,
                        f"sagemaker-tensorflow=={pipemode[0]}"]))
     target.mkdir(parents=True)
-    (target / INCOMPLETE).write_text("being built; removed by the build's last step\n")
+    (target / INCOMPLETE_NAME).write_text("being built; removed by the build's last step\n")
     say(f"building the framework image {version} in {target} ({len(steps)} steps"
         + ("" if pipemode else "; no PipeModeDataset was published for this version") + ")")
     for i, (what, cmd) in enumerate(steps, 1):
@@ -177,7 +178,7 @@ def _build(target: Path, base: str, version: str, dotted: str, say) -> None:
             raise ConfigError(f"building the framework image {version} ({target}) failed at "
                               f"'{what}':\n" + "\n".join(errors or r.stderr.splitlines()[-10:]))
         say(f"[image {version} {i}/{len(steps)}] done in {time.monotonic() - t:.1f} s")
-    (target / INCOMPLETE).unlink()
+    (target / INCOMPLETE_NAME).unlink()
 
 
 def remove_image(framework_version: str, py_version: str | None = None) -> Path:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..data.manifest import INCOMPLETE_NAME
 from ..errors import ConfigError
 from .cache import cache_dir
 
@@ -70,19 +71,17 @@ class Image:
         return str(Path(self.python).parent)
 
 
-INCOMPLETE = ".ctrtrain-incomplete"    # in a built image until its build's last step
-
-
 def image_dir(framework_version: str, py_version: str) -> Path:
     """Where the image of a version built on demand lives."""
     return cache_dir("images") / f"tensorflow-{framework_version}-{py_version}"
 
 
 def built_pythons() -> list[str]:
-    """The pythons of every complete built image."""
+    """The pythons of every complete built image (an image carries the incomplete-output
+    marker until its build's last step)."""
     root = cache_dir("images")
     return [str(d / "bin" / "python") for d in sorted(root.iterdir())
-            if d.is_dir() and not (d / INCOMPLETE).exists() and (d / "bin" / "python").exists()]
+            if d.is_dir() and not (d / INCOMPLETE_NAME).exists() and (d / "bin" / "python").exists()]
 
 
 def candidates() -> list[str]:

@@ -20,12 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..data.manifest import INCOMPLETE_NAME
 from ..errors import ConfigError
 from .cache import cache_dir
 from .images import Image
 
 REQUIREMENTS = "requirements.txt"
-DONE = ".complete"      # written last: a wheelhouse without it is rebuilt
 
 
 def requirements_file(source_dir: str | None) -> Path | None:
@@ -44,16 +44,16 @@ def wheelhouse_path(requirements: Path, image: Image) -> Path:
 
 
 def ready(requirements: Path, image: Image) -> Path | None:
-    """The wheelhouse, if it was made before."""
+    """The wheelhouse, if it was made before (and its making finished)."""
     path = wheelhouse_path(requirements, image)
-    return path if (path / DONE).exists() else None
+    return path if path.is_dir() and not (path / INCOMPLETE_NAME).exists() else None
 
 
 def prepare(requirements: Path, image: Image, say=print) -> Path:
     """The wheelhouse of `requirements` for `image`: reused when it exists, else resolved and
     downloaded now (needs the package index: call it outside the job's namespaces)."""
-    path = wheelhouse_path(requirements, image)
-    if (path / DONE).exists():
+    path = ready(requirements, image)
+    if path:
         wheels = sorted(p.name for p in path.glob("*.whl"))
         say(f"{requirements}: {len(wheels)} package(s) from the wheelhouse {path} (nothing to "
             "download)")
@@ -62,9 +62,11 @@ def prepare(requirements: Path, image: Image, say=print) -> Path:
     say(f"{requirements}: resolving against the {image.framework_version} image "
         f"({image.python}) ...")
     wanted = _resolve(requirements, image)
+    path = wheelhouse_path(requirements, image)
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
+    (path / INCOMPLETE_NAME).write_text("being filled; removed when every package is in\n")
     if wanted:
         say(f"{requirements}: downloading {len(wanted)} package(s): {', '.join(wanted)}")
         sys.stdout.flush()      # before pip's own lines, in order, when stdout is a pipe
@@ -75,9 +77,8 @@ def prepare(requirements: Path, image: Image, say=print) -> Path:
             shutil.rmtree(path, ignore_errors=True)
             raise ConfigError(f"{requirements}: pip could not download {' '.join(wanted)}:\n"
                               + _pip_errors(r.stderr))
-    size = sum(p.stat().st_size for p in path.iterdir())
-    (path / DONE).write_text(json.dumps({"requirements": str(requirements), "packages": wanted,
-                                         "image": image.python}) + "\n")
+    size = sum(f.stat().st_size for f in path.iterdir() if f.name != INCOMPLETE_NAME)
+    (path / INCOMPLETE_NAME).unlink()
     say(f"{requirements}: wheelhouse {path}: {len(wanted)} package(s), {size / 1e6:.1f} MB, "
         f"in {time.monotonic() - start:.1f} s")
     return path
