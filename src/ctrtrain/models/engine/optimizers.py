@@ -9,6 +9,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from . import kernels
 from .updates import Optimizer, gather_rows, raw
 
 
@@ -157,9 +158,30 @@ class Adam(Optimizer):
         size = tf.maximum(tf.maximum(size * tf.exp(-e), size - moved), 0.0)
         return tf.sign(theta) * size
 
+    def _fused(self, var) -> bool:
+        """The catch-up runs in the fused kernels (kernels/): a float32 table, kernels built
+        and usable here; the TensorFlow ops (the reference) otherwise."""
+        return self._drift is not None and var.dtype == tf.float32 and kernels.usable_here()
+
+    def _drift_constants(self):
+        """The drift's tables and ratios as the fused kernels take them (one constant each
+        per trace)."""
+        d = self._drift
+        return (tf.constant(np.stack(d.tables + [d.H]), tf.float64),
+                tf.constant(d.ratios, tf.float64))
+
     def row_correction(self, var, rows, stored=None):
         if self._drift is None:
             return None
+        if self._fused(var):
+            if stored is None:
+                stored = gather_rows(var, rows)
+            offset, m, v, current = kernels.adam_catchup_read(
+                stored, self.slot(var, "moments"), self.slot(var, "last_step"), rows,
+                self.iterations, self.lr_scale, self.learning_rate, *self._drift_constants(),
+                self.beta1, self.beta2, self.epsilon, self.table_l2)
+            self._pending[id(var)] = (m, v, offset, current)
+            return offset
         # Read before this step counts: the rows as of the end of the previous step.
         m, v = tf.split(gather_rows(self.slot(var, "moments"), rows), 2, axis=1)
         caught = self._decayed(var, rows, m, v, *self._skipped(var, rows, self.iterations),
@@ -170,6 +192,12 @@ class Adam(Optimizer):
     def _sparse(self, var, grad, rows):
         b1p, b2p = self._powers()
         lr = self.learning_rate * tf.sqrt(1 - b2p) / (1 - b1p)
+        if self._reuse and id(var) in self._pending and self._fused(var):
+            kernels.adam_catchup_apply(
+                var, self.slot(var, "moments"), self.slot(var, "last_step"), rows, grad,
+                self._pending.pop(id(var)), self.iterations, lr, self.beta1, self.beta2,
+                self.epsilon, self.table_l2)
+            return
         m, v, offset, current = self._caught_up(var, rows)
         if self.table_l2:
             grad = grad + self.table_l2 * (current if current is not None else gather_rows(var, rows))

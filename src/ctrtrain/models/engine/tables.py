@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from . import kernels
+
 
 def shards(var) -> list:
     """A ShardedVariable's shards, or [var]."""
@@ -132,11 +134,15 @@ class EmbeddingTable(tf.Module):
             # Explicit batch size: a data set of bags only has no single fields to infer it.
             batch = tf.shape(ids, out_type=tf.int64)[0]
             n_single = tf.size(single)
-            rows = tf.reshape(tf.gather(table_rows, where[:n_single]),
-                              tf.stack([batch, ids.shape[1], width]))
+            where_single, shape = where[:n_single], tf.stack([batch, ids.shape[1], width])
         else:
-            rows = tf.reshape(tf.gather(table_rows, where), [-1, ids.shape[1], width])
-        scaled = rows * tf.expand_dims(values, -1)                       # [B, S, width]
+            where_single, shape = where, [-1, ids.shape[1], width]
+        if values.dtype == tf.float32 and kernels.usable_here():   # one pass, fused gradient
+            scaled = tf.reshape(kernels.scaled_gather(table_rows, where_single,
+                                                      tf.reshape(values, [-1])), shape)
+        else:
+            scaled = (tf.reshape(tf.gather(table_rows, where_single), shape)
+                      * tf.expand_dims(values, -1))                    # [B, S, width]
         bags = None
         if cfg.bags:
             held_rows = tf.gather(table_rows, where[n_single:])

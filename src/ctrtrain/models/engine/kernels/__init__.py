@@ -1,0 +1,100 @@
+"""Fused CPU kernels for the sparse half of the step (ctr_kernels.cc), with the TensorFlow ops
+as the reference and the fallback.
+
+`available()` loads the library build.py made for this TensorFlow; where there is none (not
+built, no compiler, another TensorFlow), or CTRTRAIN_KERNELS=0, it says so once and the
+callers run the TensorFlow ops, which compute the same to float32 precision
+(tests/test_kernels.py). The kernels run on this process's CPU: callers use them only for
+variables this process holds (not under parameter servers, whose variables live elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+_lib = None
+_tried = False
+_enabled = True
+
+
+def set_enabled(on: bool) -> None:
+    """Steps traced after this use the kernels (when available) or the TensorFlow ops: the
+    tests and benchmarks that compare the two paths in one process."""
+    global _enabled
+    _enabled = on
+
+
+def available() -> bool:
+    """The kernels are loaded (tried once per process; a fallback is said once)."""
+    global _lib, _tried
+    if not _tried:
+        _tried = True
+        if os.environ.get("CTRTRAIN_KERNELS", "1") == "0":
+            return False
+        from .build import library_path
+        path = library_path()
+        if not path.exists():
+            print(f"ctrtrain: fused kernels not built for TensorFlow {tf.__version__} ({path} "
+                  f"is missing; `python -m ctrtrain.models.engine.kernels.build` builds it): "
+                  f"running the TensorFlow ops instead", flush=True)
+            return False
+        try:
+            _lib = tf.load_op_library(str(path))
+        except (tf.errors.NotFoundError, OSError) as e:
+            print(f"ctrtrain: fused kernels could not be loaded ({e}): running the TensorFlow "
+                  f"ops instead", flush=True)
+    return _lib is not None
+
+
+def usable_here() -> bool:
+    """available(), and the step runs where this process loaded them: not under parameter
+    servers, whose workers and servers are other processes running the traced step."""
+    strategy = tf.distribute.get_strategy()
+    return (_enabled and available()
+            and not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy))
+
+
+def scaled_gather(params, where, values):
+    """[N, W]: params[where[n]] * values[n] (params [U, W], where [N], values [N])."""
+    return _lib.ctr_scaled_gather(params=params, where=where, values=values)
+
+
+@tf.RegisterGradient("CtrScaledGather")
+def _scaled_gather_grad(op, grad):
+    params, where, values = op.inputs
+    d_params = _lib.ctr_scaled_segment_sum(grad=grad, where=where, values=values,
+                                           num_rows=tf.shape(params, out_type=tf.int64)[0])
+    # Only computed where something differentiates the values (pruned otherwise).
+    d_values = tf.reduce_sum(grad * tf.gather(params, where), 1)
+    return d_params, None, d_values
+
+
+def adam_catchup_read(stored, moments, last_step, rows, iterations, lr_scale, learning_rate,
+                      drift, ratios, beta1, beta2, epsilon, table_l2):
+    """(offset, m, v, current or None) of Adam's catch-up for `rows` (optimizers.py
+    Adam._decayed_math): `stored - offset` are the rows as dense Adam would have them."""
+    offset, m, v, current = _lib.ctr_adam_catchup_read(
+        stored=stored, moments=moments.handle, last_step=last_step.handle, rows=rows,
+        iterations=iterations, lr_scale=lr_scale, learning_rate=learning_rate, drift=drift,
+        ratios=ratios, beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
+    return offset, m, v, (current if table_l2 else None)
+
+
+def adam_catchup_apply(var, moments, last_step, rows, grad, caught, step, lr, beta1, beta2,
+                       epsilon, table_l2):
+    """Adam's step on `rows` in place (optimizers.py Adam._sparse), from `caught`, what
+    adam_catchup_read gave for these rows; their last_step set to `step`."""
+    m, v, offset, current = caught
+    if current is None:
+        current = tf.zeros([0, grad.shape[1]], tf.float32)
+    return _lib.ctr_adam_catchup_apply(
+        var=var.handle, moments=moments.handle, last_step=last_step.handle, rows=rows,
+        grad=grad, m=m, v=v, offset=offset, current=current, iterations=step, lr=lr,
+        beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
+
+
+tf.no_gradient("CtrAdamCatchupRead")
+tf.no_gradient("CtrAdamCatchupApply")
+tf.no_gradient("CtrScaledSegmentSum")

@@ -1,0 +1,528 @@
+// Fused CPU kernels for the sparse half of a CTR training step (issue 27).
+//
+// The pure-TensorFlow path (tables.py, optimizers.py) spends most of the step's non-MLP time in
+// dozens of small ops over a batch's few thousand distinct table rows: each op is a pass over
+// memory plus per-op overhead. These kernels do the same arithmetic in one pass each:
+//
+//   CtrScaledGather      out[n] = params[where[n]] * values[n]      (the block of a batch)
+//   CtrScaledSegmentSum  out[u] = sum_{where[n] = u} grad[n] * values[n]   (its gradient)
+//   CtrAdamCatchupRead   the catch-up of Adam's skipped steps for the rows about to be read
+//                        (optimizers.py Adam._decayed_math, _AdamDrift, Adam._idle_l2)
+//   CtrAdamCatchupApply  Adam's step on those rows, in place (optimizers.py Adam._sparse)
+//
+// The TensorFlow path stays the reference: tests/test_kernels.py compares both to float32
+// precision. Built against the installed TensorFlow by kernels/build.py.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace ctrtrain {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::Var;
+using tensorflow::errors::InvalidArgument;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+// Splits [0, total) over the CPU device's intra-op threads.
+void ParallelRows(OpKernelContext* ctx, int64_t total, int64_t cost_per_row,
+                  const std::function<void(int64_t, int64_t)>& work) {
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  tensorflow::Shard(workers->num_threads, workers->workers, total, cost_per_row, work);
+}
+
+// Locks variables in address order (as TensorFlow's own multi-variable ops do) so that no two
+// ops can deadlock.
+class Locks {
+ public:
+  explicit Locks(const std::vector<Var*>& vars) {
+    std::vector<tensorflow::mutex*> mus;
+    for (Var* v : vars) mus.push_back(v->mu());
+    std::sort(mus.begin(), mus.end());
+    mus.erase(std::unique(mus.begin(), mus.end()), mus.end());
+    for (auto* mu : mus) locks_.emplace_back(new Lock(*mu));
+  }
+
+ private:
+  // An alias: TensorFlow defines mutex_lock(x) as a macro that catches unnamed locks.
+  using Lock = tensorflow::mutex_lock;
+  std::vector<std::unique_ptr<Lock>> locks_;
+};
+
+// Before an in-place sparse write, as TensorFlow's EnsureSparseVariableAccess: a buffer some
+// earlier read still shares is copied first, and the variable is put in copy-on-read mode
+// (reads copy, so writes can stay in place). Caller holds the variable's lock.
+bool MakeWritable(OpKernelContext* ctx, Var* var) {
+  Tensor* t = var->tensor();
+  if (var->copy_on_read_mode.load() || t->RefCountIsOne()) {
+    var->copy_on_read_mode.store(true);
+    return true;
+  }
+  Tensor copy;
+  auto status = ctx->allocate_temp(t->dtype(), t->shape(), &copy);
+  if (!status.ok()) {
+    ctx->SetStatus(status);
+    return false;
+  }
+  std::memcpy(copy.data(), t->data(), t->TotalBytes());
+  *t = copy;
+  var->copy_on_read_mode.store(true);
+  return true;
+}
+
+bool LookupVar(OpKernelContext* ctx, int input, tensorflow::core::RefCountPtr<Var>* var) {
+  auto status = tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), var);
+  if (!status.ok()) ctx->SetStatus(status);
+  return status.ok();
+}
+
+// Every row index in [0, limit), else an error naming the first that is not.
+bool CheckRows(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t limit,
+               const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= limit) {
+      ctx->SetStatus(InvalidArgument(what, " index ", rows[i], " at position ", i,
+                                     " is outside [0, ", limit, ")"));
+      return false;
+    }
+  }
+  return true;
+}
+
+float DivNoNan(float x, float y) { return y == 0.0f ? 0.0f : x / y; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The batch's block and its gradient.
+
+REGISTER_OP("CtrScaledGather")
+    .Input("params: float")
+    .Input("where: Tidx")
+    .Input("values: float")
+    .Output("out: float")
+    .Attr("Tidx: {int32, int64}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle params, where;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &params));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &where));
+      c->set_output(0, c->Matrix(c->Dim(where, 0), c->Dim(params, 1)));
+      return absl::OkStatus();
+    });
+
+template <typename Tidx>
+class ScaledGather : public OpKernel {
+ public:
+  explicit ScaledGather(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& params = ctx->input(0);
+    const Tensor& where = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    const int64_t rows = params.dim_size(0), width = params.dim_size(1), n = where.NumElements();
+    OP_REQUIRES(ctx, values.NumElements() == n,
+                InvalidArgument("values has ", values.NumElements(), " elements, where has ", n));
+    const Tidx* w = where.flat<Tidx>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, w[i] >= 0 && w[i] < rows,
+                  InvalidArgument("where index ", w[i], " at ", i, " is outside [0, ", rows, ")"));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, width}), &out));
+    const float* p = params.flat<float>().data();
+    const float* x = values.flat<float>().data();
+    float* o = out->flat<float>().data();
+    ParallelRows(ctx, n, 4 * width, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const float* src = p + static_cast<int64_t>(w[i]) * width;
+        float* dst = o + i * width;
+        const float s = x[i];
+        for (int64_t j = 0; j < width; ++j) dst[j] = src[j] * s;
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("CtrScaledGather").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tidx"),
+    ScaledGather<int32_t>);
+REGISTER_KERNEL_BUILDER(
+    Name("CtrScaledGather").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tidx"),
+    ScaledGather<int64_t>);
+
+REGISTER_OP("CtrScaledSegmentSum")
+    .Input("grad: float")
+    .Input("where: Tidx")
+    .Input("values: float")
+    .Input("num_rows: int64")
+    .Output("out: float")
+    .Attr("Tidx: {int32, int64}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle grad;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
+      c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(grad, 1)));
+      return absl::OkStatus();
+    });
+
+// Summed in the order of n, as UnsortedSegmentSum over the product grad * values sums it: the
+// same float32 result.
+template <typename Tidx>
+class ScaledSegmentSum : public OpKernel {
+ public:
+  explicit ScaledSegmentSum(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& where = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    const int64_t rows = ctx->input(3).scalar<int64_t>()();
+    const int64_t width = grad.dim_size(1), n = where.NumElements();
+    OP_REQUIRES(ctx, grad.dim_size(0) == n && values.NumElements() == n,
+                InvalidArgument("grad, where and values disagree on the number of rows"));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, width}), &out));
+    const Tidx* w = where.flat<Tidx>().data();
+    const float* g = grad.flat<float>().data();
+    const float* x = values.flat<float>().data();
+    float* o = out->flat<float>().data();
+    std::fill(o, o + rows * width, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, w[i] >= 0 && w[i] < rows,
+                  InvalidArgument("where index ", w[i], " at ", i, " is outside [0, ", rows, ")"));
+      float* dst = o + static_cast<int64_t>(w[i]) * width;
+      const float* src = g + i * width;
+      const float s = x[i];
+      for (int64_t j = 0; j < width; ++j) dst[j] += src[j] * s;
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("CtrScaledSegmentSum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tidx"),
+    ScaledSegmentSum<int32_t>);
+REGISTER_KERNEL_BUILDER(
+    Name("CtrScaledSegmentSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tidx"),
+    ScaledSegmentSum<int64_t>);
+
+// ---------------------------------------------------------------------------------------------
+// Adam with catch-up table updates (optimizers.py). Both moments of a table row share one slot
+// row [m (width), v (width)]; last_step holds the step that last updated each row.
+
+REGISTER_OP("CtrAdamCatchupRead")
+    .Input("stored: float")         // [U, W] the rows as stored
+    .Input("moments: resource")     // [rows, 2W]
+    .Input("last_step: resource")   // [rows] int64
+    .Input("rows: int64")           // [U] distinct
+    .Input("iterations: int64")     // steps done before this one
+    .Input("lr_scale: float")
+    .Input("learning_rate: float")  // base rate x lr_scale
+    .Input("drift: double")         // [3, T + 1]: G_r, G_b1, H (optimizers.py _AdamDrift)
+    .Input("ratios: double")        // [2]: beta1 / sqrt(beta2), beta1
+    .Output("offset: float")        // stored - offset = the rows as dense Adam would have them
+    .Output("m: float")             // the rows' moments after the skipped steps
+    .Output("v: float")
+    .Output("current: float")       // [U, W] the caught-up rows with table_l2, else [0, W]
+    .Attr("beta1: float")
+    .Attr("beta2: float")
+    .Attr("epsilon: float")
+    .Attr("table_l2: float")
+    .SetIsStateful()   // reads variables: never folded, merged or reordered past their writes
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle stored;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &stored));
+      for (int i = 0; i < 3; ++i) c->set_output(i, stored);
+      c->set_output(3, c->Matrix(c->UnknownDim(), c->Dim(stored, 1)));
+      return absl::OkStatus();
+    });
+
+// What a row's catch-up needs from its skipped steps k alone (the same for every row that
+// skipped k steps): tabulated once per kernel for k <= T, computed directly beyond.
+struct SkippedSteps {
+  float b1k, b2k;    // beta1^k, beta2^k
+  double c_r, c_b1;  // (beta1 / sqrt(beta2))^k, beta1^k in float64 (_AdamDrift.sums)
+  float w1, w0;      // Adam._idle_l2's sums over the skipped steps
+};
+
+// How far ahead of the row being computed its successors' memory is requested: a batch's rows
+// are scattered over a table of millions, so each is a cache miss the prefetch overlaps.
+constexpr int64_t kAhead = 8;
+
+class AdamCatchupRead : public OpKernel {
+ public:
+  explicit AdamCatchupRead(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &beta1_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &beta2_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_l2", &l2_));
+    // Adam._idle_l2's q and its cap on k (q^k stays finite).
+    q_d_ = std::pow(static_cast<double>(beta2_), -0.5);
+    k_cap_ = static_cast<float>(80.0 / std::log(q_d_));
+  }
+
+  // In float64, then rounded: the TensorFlow ops' float32 sums lose up to 1e-5 of w1 to
+  // q^k - 1 with q - 1 = 5e-4 (beta2 0.999); tabulated once, the precision costs nothing.
+  SkippedSteps Skipped(int64_t k, double c_r, double c_b1) const {
+    SkippedSteps s;
+    const double kd = static_cast<double>(k), b1 = beta1_;
+    s.b1k = static_cast<float>(std::pow(b1, kd));
+    s.b2k = static_cast<float>(std::pow(static_cast<double>(beta2_), kd));
+    s.c_r = std::pow(c_r, kd);
+    s.c_b1 = std::pow(c_b1, kd);
+    const double kq = std::min(kd, static_cast<double>(k_cap_)), b1q = b1 * q_d_;
+    s.w1 = static_cast<float>(q_d_ * (std::pow(q_d_, kq) - 1) / (q_d_ - 1) -
+                              b1q * (1 - std::pow(b1q, kq)) / (1 - b1q));
+    s.w0 = static_cast<float>(kd - b1 * (1 - std::pow(b1, kd)) / (1 - b1));
+    return s;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& stored_t = ctx->input(0);
+    const int64_t u = stored_t.dim_size(0), width = stored_t.dim_size(1);
+    const Tensor& rows_t = ctx->input(3);
+    OP_REQUIRES(ctx, rows_t.NumElements() == u,
+                InvalidArgument("rows has ", rows_t.NumElements(), " elements, stored ", u));
+    const int64_t iterations = ctx->input(4).scalar<int64_t>()();
+    const float lr_scale = ctx->input(5).scalar<float>()();
+    const float learning_rate = ctx->input(6).scalar<float>()();
+    const Tensor& drift_t = ctx->input(7);
+    OP_REQUIRES(ctx, drift_t.dims() == 2 && drift_t.dim_size(0) == 3,
+                InvalidArgument("drift must be [3, T + 1]"));
+    const int64_t T = drift_t.dim_size(1) - 1;
+    const double* G_r = drift_t.flat<double>().data();
+    const double* G_b1 = G_r + (T + 1);
+    const double* H = G_b1 + (T + 1);
+    const double c_r = ctx->input(8).flat<double>()(0), c_b1 = ctx->input(8).flat<double>()(1);
+    {
+      tensorflow::mutex_lock tabulating(mu_);
+      if (by_k_.empty()) {
+        by_k_.reserve(T + 1);
+        for (int64_t k = 0; k <= T; ++k) by_k_.push_back(Skipped(k, c_r, c_b1));
+      }
+    }
+    const int64_t tabulated = static_cast<int64_t>(by_k_.size());
+
+    tensorflow::core::RefCountPtr<Var> moments, last_step;
+    if (!LookupVar(ctx, 1, &moments) || !LookupVar(ctx, 2, &last_step)) return;
+    Tensor *offset_t, *m_t, *v_t, *current_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, stored_t.shape(), &offset_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, stored_t.shape(), &m_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, stored_t.shape(), &v_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({l2_ ? u : 0, width}), &current_t));
+
+    tensorflow::tf_shared_lock lock_m(*moments->mu());
+    tensorflow::tf_shared_lock lock_s(*last_step->mu());
+    const Tensor& mom = *moments->tensor();
+    const Tensor& last = *last_step->tensor();
+    OP_REQUIRES(ctx, mom.dims() == 2 && mom.dim_size(1) == 2 * width &&
+                         last.NumElements() == mom.dim_size(0),
+                InvalidArgument("moments must be [rows, 2 * width] and last_step [rows]"));
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    if (!CheckRows(ctx, rows, u, mom.dim_size(0), "rows")) return;
+
+    const float* stored = stored_t.flat<float>().data();
+    const float* mv = mom.flat<float>().data();
+    const int64_t* last_of = last.flat<int64_t>().data();
+    float* offset = offset_t->flat<float>().data();
+    float* m_out = m_t->flat<float>().data();
+    float* v_out = v_t->flat<float>().data();
+    float* current = l2_ ? current_t->flat<float>().data() : nullptr;
+
+    // Adam._idle_l2's rate at this step, in float32 as the TensorFlow ops compute it.
+    const float t = static_cast<float>(std::max<int64_t>(iterations, 1));
+    const float lr_t = learning_rate * std::sqrt(1.0f - std::pow(beta2_, t)) /
+                       (1.0f - std::pow(beta1_, t));
+
+    ParallelRows(ctx, u, 40 * width, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        if (i + kAhead < hi) {
+          const int64_t next = rows[i + kAhead];
+          __builtin_prefetch(last_of + next);
+          __builtin_prefetch(mv + next * 2 * width);
+          __builtin_prefetch(mv + next * 2 * width + width);
+        }
+        const int64_t r = rows[i], a = last_of[r];
+        const int64_t k = std::max<int64_t>(iterations - a, 0);
+        const SkippedSteps s = k < tabulated ? by_k_[k] : Skipped(k, c_r, c_b1);
+        // _AdamDrift.sums: D_c(a, k) = G_c(a) - c^k G_c(a + k), in float64.
+        const int64_t ia = std::min(a, T), iak = std::min(a + k, T);
+        const float d_r = static_cast<float>(G_r[ia] - s.c_r * G_r[iak]);
+        const float d_b1 = static_cast<float>(G_b1[ia] - s.c_b1 * G_b1[iak]);
+        const float eps_ratio = epsilon_ * DivNoNan(d_r, d_b1);
+        const float* row = stored + i * width;
+        const float* m_in = mv + r * 2 * width;
+        const float* v_in = m_in + width;
+        float* off = offset + i * width;
+        float* m_o = m_out + i * width;
+        float* v_o = v_out + i * width;
+        if (!l2_) {
+          for (int64_t j = 0; j < width; ++j) {
+            const float m = m_in[j], v = v_in[j];
+            off[j] = DivNoNan(m * d_r, std::sqrt(v) + eps_ratio) * lr_scale;
+            m_o[j] = s.b1k * m;
+            v_o[j] = s.b2k * v;
+          }
+          continue;
+        }
+        // Adam._idle_l2's per-row terms.
+        const float kf = static_cast<float>(k);
+        const double h = H[std::min(k, T)] + static_cast<double>(std::max<int64_t>(k - T, 0));
+        const float moved = a == 0 ? learning_rate * kf : lr_t * static_cast<float>(h);
+        const float eps_w = epsilon_ * DivNoNan(s.w1, s.w0);
+        const float rate = lr_t * l2_ * s.w1;
+        float* cur = current + i * width;
+        for (int64_t j = 0; j < width; ++j) {
+          const float m = m_in[j], v = v_in[j], root_v = std::sqrt(v);
+          const float drift = DivNoNan(m * d_r, root_v + eps_ratio) * lr_scale;
+          const float theta = row[j] - drift;
+          const float e = DivNoNan(rate, root_v + eps_w);
+          float size = std::fabs(theta);
+          size = std::max(std::max(size * std::exp(-e), size - moved), 0.0f);
+          const float shrunk = theta > 0 ? size : (theta < 0 ? -size : 0.0f);
+          const float grad = l2_ * shrunk;
+          m_o[j] = s.b1k * m + (1.0f - s.b1k) * grad;
+          v_o[j] = s.b2k * v + (1.0f - s.b2k) * grad * grad;
+          off[j] = row[j] - shrunk;
+          cur[j] = shrunk;
+        }
+      }
+    });
+  }
+
+ private:
+  float beta1_, beta2_, epsilon_, l2_;
+  double q_d_;
+  float k_cap_;
+  tensorflow::mutex mu_;
+  std::vector<SkippedSteps> by_k_;   // filled once, then only read
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrAdamCatchupRead").Device(DEVICE_CPU).HostMemory("iterations"),
+                        AdamCatchupRead);
+
+REGISTER_OP("CtrAdamCatchupApply")
+    .Input("var: resource")         // [rows, W]
+    .Input("moments: resource")     // [rows, 2W]
+    .Input("last_step: resource")   // [rows] int64
+    .Input("rows: int64")           // [U] distinct
+    .Input("grad: float")           // [U, W] summed per row
+    .Input("m: float")              // CtrAdamCatchupRead's outputs for these rows
+    .Input("v: float")
+    .Input("offset: float")
+    .Input("current: float")
+    .Input("iterations: int64")     // this step's number t
+    .Input("lr: float")             // lr sqrt(1 - beta2^t) / (1 - beta1^t)
+    .Attr("beta1: float")
+    .Attr("beta2: float")
+    .Attr("epsilon: float")
+    .Attr("table_l2: float")
+    .SetIsStateful()   // writes variables and has no outputs: never pruned
+    .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); });
+
+class AdamCatchupApply : public OpKernel {
+ public:
+  explicit AdamCatchupApply(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &beta1_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &beta2_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_l2", &l2_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows_t = ctx->input(3);
+    const Tensor& grad_t = ctx->input(4);
+    const int64_t u = rows_t.NumElements();
+    OP_REQUIRES(ctx, grad_t.dims() == 2 && grad_t.dim_size(0) == u,
+                InvalidArgument("grad must be [rows, width]"));
+    const int64_t width = grad_t.dim_size(1);
+    for (int i = 5; i < 8; ++i) {
+      OP_REQUIRES(ctx, ctx->input(i).shape() == grad_t.shape(),
+                  InvalidArgument("m, v and offset must have grad's shape"));
+    }
+    OP_REQUIRES(ctx, !l2_ || ctx->input(8).shape() == grad_t.shape(),
+                InvalidArgument("current must have grad's shape with table_l2"));
+    const int64_t step = ctx->input(9).scalar<int64_t>()();
+    const float lr = ctx->input(10).scalar<float>()();
+
+    tensorflow::core::RefCountPtr<Var> var, moments, last_step;
+    if (!LookupVar(ctx, 0, &var) || !LookupVar(ctx, 1, &moments) || !LookupVar(ctx, 2, &last_step))
+      return;
+    Locks locks({var.get(), moments.get(), last_step.get()});
+    const Tensor& table = *var->tensor();
+    OP_REQUIRES(ctx, table.dims() == 2 && table.dim_size(1) == width &&
+                         moments->tensor()->dim_size(0) == table.dim_size(0) &&
+                         moments->tensor()->dim_size(1) == 2 * width &&
+                         last_step->tensor()->NumElements() == table.dim_size(0),
+                InvalidArgument("var [rows, width], moments [rows, 2 width] and last_step [rows] "
+                                "disagree with grad"));
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    if (!CheckRows(ctx, rows, u, table.dim_size(0), "rows")) return;
+    if (!MakeWritable(ctx, var.get()) || !MakeWritable(ctx, moments.get()) ||
+        !MakeWritable(ctx, last_step.get()))
+      return;
+
+    float* w = var->tensor()->flat<float>().data();
+    float* mv = moments->tensor()->flat<float>().data();
+    int64_t* last = last_step->tensor()->flat<int64_t>().data();
+    const float* g = grad_t.flat<float>().data();
+    const float* m_in = ctx->input(5).flat<float>().data();
+    const float* v_in = ctx->input(6).flat<float>().data();
+    const float* offset = ctx->input(7).flat<float>().data();
+    const float* current = l2_ ? ctx->input(8).flat<float>().data() : nullptr;
+    const float one_b1 = static_cast<float>(1 - static_cast<double>(beta1_));
+    const float one_b2 = static_cast<float>(1 - static_cast<double>(beta2_));
+
+    ParallelRows(ctx, u, 20 * width, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        if (i + kAhead < hi) {
+          const int64_t next = rows[i + kAhead];
+          __builtin_prefetch(w + next * width, 1);
+          __builtin_prefetch(mv + next * 2 * width, 1);
+          __builtin_prefetch(mv + next * 2 * width + width, 1);
+          __builtin_prefetch(last + next, 1);
+        }
+        const int64_t r = rows[i];
+        float* row = w + r * width;
+        float* m_row = mv + r * 2 * width;
+        float* v_row = m_row + width;
+        for (int64_t j = 0; j < width; ++j) {
+          const int64_t o = i * width + j;
+          const float grad = l2_ ? g[o] + l2_ * current[o] : g[o];
+          const float m = beta1_ * m_in[o] + one_b1 * grad;
+          const float v = beta2_ * v_in[o] + one_b2 * grad * grad;
+          m_row[j] = m;
+          v_row[j] = v;
+          row[j] -= offset[o] + lr * m / (std::sqrt(v) + epsilon_);
+        }
+        last[r] = step;
+      }
+    });
+  }
+
+ private:
+  float beta1_, beta2_, epsilon_, l2_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrAdamCatchupApply")
+                            .Device(DEVICE_CPU)
+                            .HostMemory("iterations")
+                            .HostMemory("lr"),
+                        AdamCatchupApply);
+
+}  // namespace ctrtrain

@@ -1,0 +1,202 @@
+"""The fused kernels (models/engine/kernels) against TensorFlow's ops, the reference path: the
+block of a batch and its gradient, Adam's catch-up read and update, a whole training run, and
+the fallback where the library is not built. Run on TF 2.21 and on 2.15 (marked tf215)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import run_cli
+from ctrtrain.models.base import ModelConfig
+from ctrtrain.models.engine import kernels
+from ctrtrain.models.engine.kernels.build import build
+from ctrtrain.train.step import build_training
+
+pytestmark = pytest.mark.tf215
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    build()     # the install scripts built it; a no-op then
+    assert kernels.available()
+    yield
+    kernels.set_enabled(True)
+
+
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+def test_the_block_and_its_gradients_are_tensorflows(index_dtype):
+    rng = np.random.default_rng(0)
+    params = tf.constant(rng.normal(size=(300, 17)).astype(np.float32))
+    where = tf.constant(rng.zipf(1.3, 4000) % 300, index_dtype)     # repeated rows, as in a batch
+    values = tf.constant(rng.random(4000).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(4000, 17)).astype(np.float32))
+
+    def block_and_grads(fused):
+        with tf.GradientTape() as tape:
+            tape.watch([params, values])
+            if fused:
+                block = kernels.scaled_gather(params, where, values)
+            else:
+                block = tf.gather(params, where) * values[:, None]
+            loss = tf.reduce_sum(block * upstream)
+        d_params, d_values = tape.gradient(loss, [params, values])
+        return block.numpy(), tf.convert_to_tensor(d_params).numpy(), d_values.numpy()
+
+    fused, reference = block_and_grads(True), block_and_grads(False)
+    np.testing.assert_array_equal(fused[0], reference[0])
+    np.testing.assert_allclose(fused[1], reference[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fused[2], reference[2], rtol=1e-5, atol=1e-5)
+
+
+def test_an_index_outside_the_rows_is_refused_by_name():
+    params = tf.zeros([5, 3])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="where index 7 at 2 is outside"):
+        kernels.scaled_gather(params, tf.constant([0, 4, 7]), tf.ones([3]))
+
+
+B, F, ROWS = 256, 10, 5000
+
+
+def _batches(n, seed=0):
+    """Zipf ids: rows a few batches touch and rows that skip many steps, as in CTR data."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        ids = np.minimum(rng.zipf(1.3, (B, F)) - 1, ROWS - 1).astype(np.int64)
+        out.append({"ids": tf.constant(ids),
+                    "values": tf.constant(rng.random((B, F)).astype(np.float32)),
+                    "label": tf.constant((rng.random(B) < 0.3).astype(np.float32))})
+    return out
+
+
+def _training(fused, table_l2):
+    kernels.set_enabled(fused)
+    cfg = ModelConfig(feature_size=ROWS, field_size=F, embedding_size=4, deep_layers=(16, 8),
+                      dropout=0.0, seed=1)
+    model, opt, step, _ = build_training(
+        cfg, "adam", 1e-2, optimizer_params={"table_updates": "catchup", "table_l2": table_l2})
+    return model, opt, step
+
+
+def _state(model, opt):
+    t = model.embeddings.table
+    return t.numpy(), opt.slot(t, "moments").numpy(), opt.slot(t, "last_step").numpy()
+
+
+@pytest.mark.parametrize("table_l2", [0.0, 1e-3])
+def test_catchup_adam_in_the_kernels_is_the_tensorflow_ops_update(table_l2):
+    """From the same state, the fused catch-up (read, then update in place) and the TensorFlow
+    ops give the same rows, moments and step counters to float32 precision: after one step,
+    over 40 steps with a learning-rate decay in the middle, and through settle()."""
+    batches = _batches(40)
+    runs = {}
+    for fused in (True, False):
+        model, opt, step = _training(fused, table_l2)
+        losses = [float(step(batches[0]))]
+        first = _state(model, opt)
+        for i, b in enumerate(batches[1:]):
+            if i == 20:
+                opt.lr_scale.assign(0.5)
+            losses.append(float(step(b)))
+        trained = _state(model, opt)
+        tf.function(opt.settle)()
+        runs[fused] = losses, first, trained, _state(model, opt)
+    (l_f, *s_f), (l_r, *s_r) = runs[True], runs[False]
+    np.testing.assert_allclose(l_f, l_r, rtol=1e-5)
+    for fused, reference, tol in zip(s_f, s_r, (1e-7, 2e-5, 2e-5)):
+        np.testing.assert_allclose(fused[0], reference[0], rtol=1e-5, atol=tol)   # rows
+        np.testing.assert_allclose(fused[1], reference[1], rtol=1e-4, atol=tol)   # m, v
+        np.testing.assert_array_equal(fused[2], reference[2])                     # last steps
+    skipped = s_r[1][2]
+    assert len(np.unique(skipped)) > 10, "rows skipped various numbers of steps"
+
+
+def _caught_up_float64(opt, stored, moments, last, iterations):
+    """Adam's catch-up (optimizers.py Adam._decayed_math, _AdamDrift, Adam._idle_l2) in
+    float64: (offset, m, v, current or None), the yardstick of both float32 paths."""
+    w = stored.shape[1]
+    m, v = moments[:, :w].astype(np.float64), moments[:, w:].astype(np.float64)
+    b1, b2, eps, l2, lr0 = opt.beta1, opt.beta2, opt.epsilon, opt.table_l2, opt.base_learning_rate
+    k = np.maximum(iterations - last, 0)
+    d = opt._drift
+    sums = [g[np.minimum(last, d.T)] - c ** k * g[np.minimum(last + k, d.T)]
+            for c, g in zip(d.ratios, d.tables)]
+    d_r, d_b1 = (x[:, None] for x in sums)
+    root_v = np.sqrt(v)
+    drift = np.where(root_v + eps * d_r / d_b1 > 0, m * d_r / (root_v + eps * d_r / d_b1), 0)
+    kf = k[:, None].astype(np.float64)
+    b1k, b2k = b1 ** kf, b2 ** kf
+    if not l2:
+        return drift, b1k * m, b2k * v, None
+    t = max(iterations, 1)
+    lr = lr0 * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    q = b2 ** -0.5
+    kq = np.minimum(kf, 80 / np.log(q))
+    w1 = q * (q ** kq - 1) / (q - 1) - b1 * q * (1 - (b1 * q) ** kq) / (1 - b1 * q)
+    w0 = kf - b1 * (1 - b1 ** kf) / (1 - b1)
+    e = lr * l2 * w1 / (root_v + eps * np.divide(w1, w0, out=np.zeros_like(w1), where=w0 != 0))
+    moved = np.where((last == 0)[:, None], lr0 * kf, lr * d.H[np.minimum(k, d.T)][:, None])
+    theta = stored - drift
+    size = np.maximum(np.maximum(np.abs(theta) * np.exp(-e), np.abs(theta) - moved), 0)
+    shrunk = np.sign(theta) * size
+    grad = l2 * shrunk
+    return (stored - shrunk, b1k * m + (1 - b1k) * grad, b2k * v + (1 - b2k) * grad ** 2,
+            shrunk)
+
+
+@pytest.mark.parametrize("table_l2", [0.0, 1e-3])
+def test_the_catchup_read_is_as_exact_as_the_tensorflow_ops(table_l2):
+    """The forward pass's read of rows that skipped 0 to 30 steps: the kernel's offset,
+    moments and caught-up rows and the TensorFlow ops', each against the same formulas in
+    float64. The kernel is at least as close as the ops are (whose float32 sums in
+    Adam._idle_l2, q^k - 1 with q - 1 = 5e-4, lose up to 1e-4 of the shrinkage; the kernel
+    sums them in float64)."""
+    model, opt, step = _training(True, table_l2)
+    for b in _batches(30, seed=1):
+        step(b)
+    t = model.embeddings.table
+    rows = tf.range(0, ROWS, 7, dtype=tf.int64)
+    stored = tf.gather(t, rows)
+    moments = tf.gather(opt.slot(t, "moments"), rows).numpy()
+    last = tf.gather(opt.slot(t, "last_step"), rows).numpy()
+    exact = _caught_up_float64(opt, stored.numpy().astype(np.float64), moments, last,
+                               int(opt.iterations.numpy()))
+    errors = {}
+    for fused in (True, False):
+        kernels.set_enabled(fused)
+        offset = opt.row_correction(t, rows, stored)
+        m, v, _, current = opt._pending.pop(id(t))
+        got = (offset, m, v, current)
+        errors[fused] = [np.max(np.abs(g.numpy() - x)) for g, x in zip(got, exact)
+                         if x is not None]
+    assert len(np.unique(last)) > 10, "rows skipped various numbers of steps"
+    # Rows are ~0.1: the kernel within a few float32 roundings of them (measured: 1.4e-7 with
+    # L2, where the ops are 6.5e-6 off).
+    for name, f, r in zip(("offset", "m", "v", "current"), errors[True], errors[False]):
+        assert f <= 3e-7 and f <= max(1.01 * r, 1e-8), (name, f, r)
+
+
+@pytest.mark.slow
+def test_training_without_the_library_says_so_and_learns_the_same(synth_data, tmp_path):
+    """`ctrtrain train` where no library was built for this TensorFlow (an empty
+    CTRTRAIN_KERNELS_DIR) runs the TensorFlow ops and says so; built there, the same command
+    is silent about it and ends with the same test AUC."""
+    root, _ = synth_data(rows=20_000, feature_size=5_000)
+    results = {}
+    for built in (False, True):
+        where = tmp_path / "kernels"
+        if built:
+            subprocess.run([sys.executable, "-m", "ctrtrain.models.engine.kernels.build"],
+                           check=True, env={**os.environ, "CTRTRAIN_KERNELS_DIR": str(where)})
+        r = run_cli("train", "--train", root / "tf" / "train", "--test", root / "tf" / "test",
+                    "--model-dir", tmp_path / f"m{built}", "--table-updates", "catchup",
+                    "--quiet", env={"CTRTRAIN_KERNELS_DIR": str(where)})
+        said = "fused kernels not built" in r.stdout
+        assert said != built, r.stdout[-2000:]
+        results[built] = json.loads((tmp_path / f"m{built}" / "result.json").read_text())
+    assert abs(results[True]["test"]["auc"] - results[False]["test"]["auc"]) < 1e-4
