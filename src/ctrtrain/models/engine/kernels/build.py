@@ -44,7 +44,7 @@ def build(force: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [compiler, "-O3", "-fno-math-errno", "-shared", "-fPIC", "-w", str(SOURCE), "-o", tmp,
+    cmd = [compiler, "-O3", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", "-w", str(SOURCE), "-o", tmp,
            *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
     t = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True)

@@ -14,6 +14,7 @@
 // precision. Built against the installed TensorFlow by kernels/build.py.
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -107,6 +108,25 @@ bool CheckRows(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t lim
 }
 
 float DivNoNan(float x, float y) { return y == 0.0f ? 0.0f : x / y; }
+
+// exp(x) in float32 within 2 ulp (Cephes' expf: Cody-Waite reduction and a degree-5
+// polynomial) without calls or branches, so that the loop using it is vectorized (std::exp is
+// one call per element, most of the catch-up's time with L2). x is clamped to [-87, 88].
+inline float Exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float t = x * 1.44269504088896341f + 0.5f;
+  int32_t n = static_cast<int32_t>(t);
+  n -= static_cast<int32_t>(static_cast<float>(n) > t);       // floor
+  const float nf = static_cast<float>(n);
+  x = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  const float y = ((((((1.9875691500e-4f * x + 1.3981999507e-3f) * x + 8.3334519073e-3f) * x +
+                      4.1665795894e-2f) * x + 1.6666665459e-1f) * x + 5.0000001201e-1f) *
+                   x * x) + x + 1.0f;
+  const int32_t bits = (n + 127) << 23;                      // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
 
 }  // namespace
 
@@ -252,6 +272,63 @@ REGISTER_OP("CtrAdamCatchupRead")
       return absl::OkStatus();
     });
 
+// One row's element-wise work, in functions of their own over restrict pointers so that the
+// compiler vectorizes them (in the kernels' lambdas it cannot prove the rows apart).
+struct RowTerms {
+  float d_r, eps_ratio, lr_scale, b1k, b2k;   // the drift and the moments' decay
+  float rate, eps_w, moved, l2;               // Adam._idle_l2 (with table L2)
+};
+
+void CatchupRow(int64_t width, const RowTerms& c, const float* __restrict m_in,
+                const float* __restrict v_in, float* __restrict offset, float* __restrict m_out,
+                float* __restrict v_out) {
+  for (int64_t j = 0; j < width; ++j) {
+    const float m = m_in[j], v = v_in[j];
+    offset[j] = DivNoNan(m * c.d_r, std::sqrt(v) + c.eps_ratio) * c.lr_scale;
+    m_out[j] = c.b1k * m;
+    v_out[j] = c.b2k * v;
+  }
+}
+
+void CatchupRowL2(int64_t width, const RowTerms& c, const float* __restrict stored,
+                  const float* __restrict m_in, const float* __restrict v_in,
+                  float* __restrict offset, float* __restrict m_out, float* __restrict v_out,
+                  float* __restrict current) {
+  for (int64_t j = 0; j < width; ++j) {
+    const float m = m_in[j], v = v_in[j], root_v = std::sqrt(v);
+    const float drift = DivNoNan(m * c.d_r, root_v + c.eps_ratio) * c.lr_scale;
+    const float theta = stored[j] - drift;
+    const float e = DivNoNan(c.rate, root_v + c.eps_w);
+    float size = std::fabs(theta);
+    size = std::max(std::max(size * Exp(-e), size - c.moved), 0.0f);
+    const float shrunk = std::copysign(size, theta);   // size is 0 where theta is
+    const float grad = c.l2 * shrunk;
+    m_out[j] = c.b1k * m + (1.0f - c.b1k) * grad;
+    v_out[j] = c.b2k * v + (1.0f - c.b2k) * grad * grad;
+    offset[j] = stored[j] - shrunk;
+    current[j] = shrunk;
+  }
+}
+
+struct AdamTerms {
+  float beta1, beta2, one_b1, one_b2, lr, epsilon, l2;
+};
+
+// Without L2, l2_rows is grad and a.l2 is 0: no branch in the loop.
+void AdamRow(int64_t width, const AdamTerms& a, const float* __restrict grad,
+             const float* __restrict l2_rows, const float* __restrict m_in,
+             const float* __restrict v_in, const float* __restrict offset, float* __restrict row,
+             float* __restrict m_row, float* __restrict v_row) {
+  for (int64_t j = 0; j < width; ++j) {
+    const float g = grad[j] + a.l2 * l2_rows[j];
+    const float m = a.beta1 * m_in[j] + a.one_b1 * g;
+    const float v = a.beta2 * v_in[j] + a.one_b2 * g * g;
+    m_row[j] = m;
+    v_row[j] = v;
+    row[j] -= offset[j] + a.lr * m / (std::sqrt(v) + a.epsilon);
+  }
+}
+
 // What a row's catch-up needs from its skipped steps k alone (the same for every row that
 // skipped k steps): tabulated once per kernel for k <= T, computed directly beyond.
 struct SkippedSteps {
@@ -364,43 +441,20 @@ class AdamCatchupRead : public OpKernel {
         const int64_t ia = std::min(a, T), iak = std::min(a + k, T);
         const float d_r = static_cast<float>(G_r[ia] - s.c_r * G_r[iak]);
         const float d_b1 = static_cast<float>(G_b1[ia] - s.c_b1 * G_b1[iak]);
-        const float eps_ratio = epsilon_ * DivNoNan(d_r, d_b1);
-        const float* row = stored + i * width;
+        RowTerms c{d_r, epsilon_ * DivNoNan(d_r, d_b1), lr_scale, s.b1k, s.b2k, 0, 0, 0, l2_};
+        const int64_t at = i * width;
         const float* m_in = mv + r * 2 * width;
-        const float* v_in = m_in + width;
-        float* off = offset + i * width;
-        float* m_o = m_out + i * width;
-        float* v_o = v_out + i * width;
         if (!l2_) {
-          for (int64_t j = 0; j < width; ++j) {
-            const float m = m_in[j], v = v_in[j];
-            off[j] = DivNoNan(m * d_r, std::sqrt(v) + eps_ratio) * lr_scale;
-            m_o[j] = s.b1k * m;
-            v_o[j] = s.b2k * v;
-          }
+          CatchupRow(width, c, m_in, m_in + width, offset + at, m_out + at, v_out + at);
           continue;
         }
         // Adam._idle_l2's per-row terms.
-        const float kf = static_cast<float>(k);
         const double h = H[std::min(k, T)] + static_cast<double>(std::max<int64_t>(k - T, 0));
-        const float moved = a == 0 ? learning_rate * kf : lr_t * static_cast<float>(h);
-        const float eps_w = epsilon_ * DivNoNan(s.w1, s.w0);
-        const float rate = lr_t * l2_ * s.w1;
-        float* cur = current + i * width;
-        for (int64_t j = 0; j < width; ++j) {
-          const float m = m_in[j], v = v_in[j], root_v = std::sqrt(v);
-          const float drift = DivNoNan(m * d_r, root_v + eps_ratio) * lr_scale;
-          const float theta = row[j] - drift;
-          const float e = DivNoNan(rate, root_v + eps_w);
-          float size = std::fabs(theta);
-          size = std::max(std::max(size * std::exp(-e), size - moved), 0.0f);
-          const float shrunk = theta > 0 ? size : (theta < 0 ? -size : 0.0f);
-          const float grad = l2_ * shrunk;
-          m_o[j] = s.b1k * m + (1.0f - s.b1k) * grad;
-          v_o[j] = s.b2k * v + (1.0f - s.b2k) * grad * grad;
-          off[j] = row[j] - shrunk;
-          cur[j] = shrunk;
-        }
+        c.moved = a == 0 ? learning_rate * static_cast<float>(k) : lr_t * static_cast<float>(h);
+        c.eps_w = epsilon_ * DivNoNan(s.w1, s.w0);
+        c.rate = lr_t * l2_ * s.w1;
+        CatchupRowL2(width, c, stored + at, m_in, m_in + width, offset + at, m_out + at,
+                     v_out + at, current + at);
       }
     });
   }
@@ -484,9 +538,10 @@ class AdamCatchupApply : public OpKernel {
     const float* m_in = ctx->input(5).flat<float>().data();
     const float* v_in = ctx->input(6).flat<float>().data();
     const float* offset = ctx->input(7).flat<float>().data();
-    const float* current = l2_ ? ctx->input(8).flat<float>().data() : nullptr;
-    const float one_b1 = static_cast<float>(1 - static_cast<double>(beta1_));
-    const float one_b2 = static_cast<float>(1 - static_cast<double>(beta2_));
+    // Without L2 its term is l2_ (0) x grad: no branch in the loop, which stays vectorized.
+    const float* l2_rows = l2_ ? ctx->input(8).flat<float>().data() : g;
+    const AdamTerms terms{beta1_, beta2_, static_cast<float>(1 - static_cast<double>(beta1_)),
+                          static_cast<float>(1 - static_cast<double>(beta2_)), lr, epsilon_, l2_};
 
     ParallelRows(ctx, u, 20 * width, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
@@ -497,19 +552,10 @@ class AdamCatchupApply : public OpKernel {
           __builtin_prefetch(mv + next * 2 * width + width, 1);
           __builtin_prefetch(last + next, 1);
         }
-        const int64_t r = rows[i];
-        float* row = w + r * width;
+        const int64_t r = rows[i], at = i * width;
         float* m_row = mv + r * 2 * width;
-        float* v_row = m_row + width;
-        for (int64_t j = 0; j < width; ++j) {
-          const int64_t o = i * width + j;
-          const float grad = l2_ ? g[o] + l2_ * current[o] : g[o];
-          const float m = beta1_ * m_in[o] + one_b1 * grad;
-          const float v = beta2_ * v_in[o] + one_b2 * grad * grad;
-          m_row[j] = m;
-          v_row[j] = v;
-          row[j] -= offset[o] + lr * m / (std::sqrt(v) + epsilon_);
-        }
+        AdamRow(width, terms, g + at, l2_rows + at, m_in + at, v_in + at, offset + at,
+                w + r * width, m_row, m_row + width);
         last[r] = step;
       }
     });
