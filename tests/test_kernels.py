@@ -28,6 +28,18 @@ def library():
     kernels.set_enabled(True)
 
 
+@pytest.mark.parametrize("ids", [
+    np.minimum(np.random.default_rng(0).zipf(1.1, 39 * 1024), 10**7),   # a batch: long tail
+    np.array([5, -3, 2**62, 5, 0, -3, 0], np.int64),    # negative and huge ids hash too
+    np.array([], np.int64)])
+def test_the_distinct_ids_are_tf_uniques(ids):
+    distinct, where = kernels.unique(tf.constant(ids, tf.int64))
+    reference = tf.unique(tf.constant(ids, tf.int64))
+    np.testing.assert_array_equal(distinct.numpy(), reference.y.numpy())
+    np.testing.assert_array_equal(where.numpy(), reference.idx.numpy())
+    assert where.dtype == tf.int32
+
+
 @pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
 def test_the_block_and_its_gradients_are_tensorflows(index_dtype):
     rng = np.random.default_rng(0)
@@ -51,6 +63,31 @@ def test_the_block_and_its_gradients_are_tensorflows(index_dtype):
     np.testing.assert_array_equal(fused[0], reference[0])
     np.testing.assert_allclose(fused[1], reference[1], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(fused[2], reference[2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("first_order", [True, False])
+def test_the_fm_terms_and_their_gradient_are_tensorflows(first_order):
+    from ctrtrain.models import blocks
+    rng = np.random.default_rng(1)
+    block = tf.constant(rng.normal(0, 0.1, size=(64, 39, 17)).astype(np.float32))
+    up_first, up_fm = (tf.constant(rng.normal(size=64).astype(np.float32)) for _ in range(2))
+
+    def terms_and_grad(fused):
+        kernels.set_enabled(fused)
+        with tf.GradientTape() as tape:
+            tape.watch(block)
+            first, fm = blocks.first_and_fm(block, first_order)
+            loss = tf.reduce_sum(fm * up_fm)
+            if first_order:
+                loss += tf.reduce_sum(first * up_first)
+        kernels.set_enabled(True)
+        return [x.numpy() for x in (first, fm) if x is not None] + [
+            tape.gradient(loss, block).numpy()]
+
+    fused, reference = terms_and_grad(True), terms_and_grad(False)
+    assert len(fused) == len(reference) == (3 if first_order else 2)
+    for f, r in zip(fused, reference):
+        np.testing.assert_allclose(f, r, rtol=1e-5, atol=1e-6)
 
 
 def test_an_index_outside_the_rows_is_refused_by_name():
@@ -185,7 +222,8 @@ def test_the_catchup_read_is_as_exact_as_the_tensorflow_ops(table_l2):
 def test_training_without_the_library_says_so_and_learns_the_same(synth_data, tmp_path):
     """`ctrtrain train` where no library was built for this TensorFlow (an empty
     CTRTRAIN_KERNELS_DIR) runs the TensorFlow ops and says so; built there, the same command
-    is silent about it and ends with the same test AUC."""
+    is silent about it and ends with the same test AUC; either export holds TensorFlow's own
+    ops only."""
     root, _ = synth_data(rows=20_000, feature_size=5_000)
     results = {}
     for built in (False, True):
@@ -199,4 +237,7 @@ def test_training_without_the_library_says_so_and_learns_the_same(synth_data, tm
         said = "fused kernels not built" in r.stdout
         assert said != built, r.stdout[-2000:]
         results[built] = json.loads((tmp_path / f"m{built}" / "result.json").read_text())
+        # The export serves without the library: TensorFlow's ops only.
+        graph = next((tmp_path / f"m{built}" / "export").glob("*/saved_model.pb")).read_bytes()
+        assert b"Ctr" not in graph
     assert abs(results[True]["test"]["auc"] - results[False]["test"]["auc"]) < 1e-4

@@ -14,13 +14,18 @@ import itertools
 
 import tensorflow as tf
 
+from .engine import kernels
+
 
 def first_and_fm(block, first_order: bool = True):
     """(first-order sum [B] or None, FM's second-order term [B]) of an embedded block
     [B, F, width]: sum_f w_f x_f and 1/2 sum_k [(sum_f e_fk)^2 - sum_f e_fk^2].
 
     The terms slice the small per-example sums [B, width], never the [B, F, width] block by
-    column (the gradients of such slices cost more than the FM itself)."""
+    column (the gradients of such slices cost more than the FM itself). In one pass each way
+    where the fused kernels run (models/engine/kernels)."""
+    if block.dtype == tf.float32 and kernels.usable_here():
+        return kernels.fm(block, first_order)
     summed = tf.reduce_sum(block, 1)                                     # [B, width]
     square_of_sum = tf.square(summed) - tf.reduce_sum(tf.square(block), 1)
     if not first_order:

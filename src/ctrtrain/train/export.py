@@ -63,9 +63,11 @@ def export_saved_model(model, export_base, version: int, info: dict,
     tmp = Path(export_base) / f".{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     serving = _Serving(model, schema)
+    from ..models.engine import kernels
     try:
-        tf.saved_model.save(serving, str(tmp), signatures={
-            "serving_default": serving.serve, "examples": serving.serve_examples})
+        with kernels.off():    # the graph holds TensorFlow's own ops only
+            tf.saved_model.save(serving, str(tmp), signatures={
+                "serving_default": serving.serve, "examples": serving.serve_examples})
     except tf.errors.OpError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         from ..errors import CtrError

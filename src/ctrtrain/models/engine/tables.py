@@ -124,7 +124,9 @@ class EmbeddingTable(tf.Module):
             lookup = tf.concat([single, tf.gather_nd(bag_ids, held)], 0)
         else:
             lookup = single
-        distinct, where = tf.unique(lookup)
+        fused = kernels.usable_here()
+        distinct, where = (kernels.unique(lookup) if fused and lookup.dtype == tf.int64
+                           else tf.unique(lookup))
         table_rows = tf.nn.embedding_lookup(self.table, distinct)        # [U, width]
         if row_correction is not None and isinstance(self.table, tf.Variable):
             offset = row_correction(self.table, distinct, stored=table_rows)
@@ -137,7 +139,7 @@ class EmbeddingTable(tf.Module):
             where_single, shape = where[:n_single], tf.stack([batch, ids.shape[1], width])
         else:
             where_single, shape = where, [-1, ids.shape[1], width]
-        if values.dtype == tf.float32 and kernels.usable_here():   # one pass, fused gradient
+        if values.dtype == tf.float32 and fused:    # one pass, and a fused gradient
             scaled = tf.reshape(kernels.scaled_gather(table_rows, where_single,
                                                       tf.reshape(values, [-1])), shape)
         else:

@@ -10,6 +10,7 @@ variables this process holds (not under parameter servers, whose variables live 
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import tensorflow as tf
@@ -48,12 +49,29 @@ def available() -> bool:
     return _lib is not None
 
 
+@contextlib.contextmanager
+def off():
+    """TensorFlow's ops in what is traced inside: a SavedModel (train/export.py) must load
+    and serve where this library is not (TF Serving, another machine)."""
+    global _enabled
+    was, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = was
+
+
 def usable_here() -> bool:
     """available(), and the step runs where this process loaded them: not under parameter
     servers, whose workers and servers are other processes running the traced step."""
     strategy = tf.distribute.get_strategy()
     return (_enabled and available()
             and not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy))
+
+
+def unique(ids):
+    """(distinct, where): tf.unique(ids) for int64 ids, the same result."""
+    return _lib.ctr_unique(ids=ids)
 
 
 def scaled_gather(params, where, values):
@@ -69,6 +87,23 @@ def _scaled_gather_grad(op, grad):
     # Only computed where something differentiates the values (pruned otherwise).
     d_values = tf.reduce_sum(grad * tf.gather(params, where), 1)
     return d_params, None, d_values
+
+
+def fm(block, first_order: bool):
+    """(first-order sum [B] or None, FM's second-order term [B]) of a float32 block
+    [B, F, W] (models/blocks.py first_and_fm)."""
+    first, second, _ = _lib.ctr_fm(block=block, first_order=first_order)
+    return (first if first_order else None), second
+
+
+@tf.RegisterGradient("CtrFm")
+def _fm_grad(op, d_first, d_fm, _d_summed):
+    block, summed = op.inputs[0], op.outputs[2]
+    batch = tf.shape(block)[:1]
+    d_first = tf.zeros(batch) if d_first is None else d_first
+    d_fm = tf.zeros(batch) if d_fm is None else d_fm
+    return _lib.ctr_fm_grad(block=block, summed=summed, d_first=d_first, d_fm=d_fm,
+                            first_order=op.get_attr("first_order"))
 
 
 def adam_catchup_read(stored, moments, last_step, rows, iterations, lr_scale, learning_rate,
@@ -95,6 +130,8 @@ def adam_catchup_apply(var, moments, last_step, rows, grad, caught, step, lr, be
         beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
 
 
+tf.no_gradient("CtrUnique")
+tf.no_gradient("CtrFmGrad")
 tf.no_gradient("CtrAdamCatchupRead")
 tf.no_gradient("CtrAdamCatchupApply")
 tf.no_gradient("CtrScaledSegmentSum")

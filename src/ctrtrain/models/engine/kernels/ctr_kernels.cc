@@ -4,8 +4,10 @@
 // dozens of small ops over a batch's few thousand distinct table rows: each op is a pass over
 // memory plus per-op overhead. These kernels do the same arithmetic in one pass each:
 //
+//   CtrUnique            a batch's distinct ids and where each id is among them (tf.unique)
 //   CtrScaledGather      out[n] = params[where[n]] * values[n]      (the block of a batch)
 //   CtrScaledSegmentSum  out[u] = sum_{where[n] = u} grad[n] * values[n]   (its gradient)
+//   CtrFm, CtrFmGrad     the FM's first- and second-order terms of the block, and their gradient
 //   CtrAdamCatchupRead   the catch-up of Adam's skipped steps for the rows about to be read
 //                        (optimizers.py Adam._decayed_math, _AdamDrift, Adam._idle_l2)
 //   CtrAdamCatchupApply  Adam's step on those rows, in place (optimizers.py Adam._sparse)
@@ -131,6 +133,62 @@ inline float Exp(float x) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// A batch's distinct ids: tf.unique's result (first occurrences in order, int32 positions)
+// from an open-addressing table sized to the batch, instead of a general hash map.
+
+REGISTER_OP("CtrUnique")
+    .Input("ids: int64")
+    .Output("distinct: int64")
+    .Output("where: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, ids);
+      return absl::OkStatus();
+    });
+
+class Unique : public OpKernel {
+ public:
+  explicit Unique(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids_t = ctx->input(0);
+    const int64_t n = ids_t.NumElements();
+    OP_REQUIRES(ctx, n < (int64_t{1} << 31), InvalidArgument("more ids than int32 positions"));
+    int bits = 4;
+    while ((int64_t{1} << bits) < 2 * n) ++bits;
+    const uint64_t mask = (uint64_t{1} << bits) - 1;
+    std::vector<int64_t> keys(mask + 1);
+    std::vector<int32_t> position(mask + 1, -1);   // of the key in `distinct`; -1: empty slot
+    std::vector<int64_t> distinct;
+    distinct.reserve(n);
+    Tensor* where_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ids_t.shape(), &where_t));
+    const int64_t* ids = ids_t.flat<int64_t>().data();
+    int32_t* where = where_t->flat<int32_t>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids[i];
+      // Fibonacci hashing: the product's high bits, linear probing.
+      uint64_t h = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> (64 - bits);
+      while (position[h] >= 0 && keys[h] != id) h = (h + 1) & mask;
+      if (position[h] < 0) {
+        position[h] = static_cast<int32_t>(distinct.size());
+        keys[h] = id;
+        distinct.push_back(id);
+      }
+      where[i] = position[h];
+    }
+    Tensor* distinct_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({static_cast<int64_t>(distinct.size())}), &distinct_t));
+    std::copy(distinct.begin(), distinct.end(), distinct_t->flat<int64_t>().data());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrUnique").Device(DEVICE_CPU), Unique);
+
+// ---------------------------------------------------------------------------------------------
 // The batch's block and its gradient.
 
 REGISTER_OP("CtrScaledGather")
@@ -240,6 +298,129 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("CtrScaledSegmentSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tidx"),
     ScaledSegmentSum<int64_t>);
+
+// ---------------------------------------------------------------------------------------------
+// The factorization machine's terms of a block [B, F, W] (blocks.py first_and_fm): the sum of
+// column 0 (the first-order weights, with first_order) and 1/2 sum_k [(sum_f e_fk)^2 -
+// sum_f e_fk^2] over the other columns (all of them without first_order), in one pass; and
+// their gradient, d e_fk = d_fm (sum_f' e_f'k - e_fk) (d_first on column 0).
+
+REGISTER_OP("CtrFm")
+    .Input("block: float")
+    .Output("first: float")     // [B] (zeros without first_order)
+    .Output("fm: float")        // [B]
+    .Output("summed: float")    // [B, W] sum over fields, kept for the gradient
+    .Attr("first_order: bool")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle block;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &block));
+      c->set_output(0, c->Vector(c->Dim(block, 0)));
+      c->set_output(1, c->Vector(c->Dim(block, 0)));
+      c->set_output(2, c->Matrix(c->Dim(block, 0), c->Dim(block, 2)));
+      return absl::OkStatus();
+    });
+
+class Fm : public OpKernel {
+ public:
+  explicit Fm(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_order", &first_order_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& block_t = ctx->input(0);
+    const int64_t b = block_t.dim_size(0), f = block_t.dim_size(1), w = block_t.dim_size(2);
+    Tensor *first_t, *fm_t, *summed_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b}), &first_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({b}), &fm_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({b, w}), &summed_t));
+    const float* block = block_t.flat<float>().data();
+    float* first = first_t->flat<float>().data();
+    float* fm = fm_t->flat<float>().data();
+    float* summed = summed_t->flat<float>().data();
+    const int64_t k0 = first_order_ ? 1 : 0;
+    ParallelRows(ctx, b, 3 * f * w, [&](int64_t lo, int64_t hi) {
+      std::vector<float> squares(w);
+      for (int64_t i = lo; i < hi; ++i) {
+        float* sum = summed + i * w;
+        SumFields(block + i * f * w, f, w, sum, squares.data());
+        float total = 0;
+        for (int64_t k = k0; k < w; ++k) total += sum[k] * sum[k] - squares[k];
+        fm[i] = 0.5f * total;
+        first[i] = first_order_ ? sum[0] : 0.0f;
+      }
+    });
+  }
+
+ private:
+  // sum and sum of squares over the fields of one example's [F, W] rows.
+  static void SumFields(const float* __restrict rows, int64_t f, int64_t w, float* __restrict sum,
+                        float* __restrict squares) {
+    std::fill(sum, sum + w, 0.0f);
+    std::fill(squares, squares + w, 0.0f);
+    for (int64_t j = 0; j < f; ++j) {
+      const float* row = rows + j * w;
+      for (int64_t k = 0; k < w; ++k) {
+        sum[k] += row[k];
+        squares[k] += row[k] * row[k];
+      }
+    }
+  }
+
+  bool first_order_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrFm").Device(DEVICE_CPU), Fm);
+
+REGISTER_OP("CtrFmGrad")
+    .Input("block: float")
+    .Input("summed: float")
+    .Input("d_first: float")
+    .Input("d_fm: float")
+    .Output("d_block: float")
+    .Attr("first_order: bool")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    });
+
+class FmGrad : public OpKernel {
+ public:
+  explicit FmGrad(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_order", &first_order_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& block_t = ctx->input(0);
+    const int64_t b = block_t.dim_size(0), f = block_t.dim_size(1), w = block_t.dim_size(2);
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, block_t.shape(), &out_t));
+    const float* block = block_t.flat<float>().data();
+    const float* summed = ctx->input(1).flat<float>().data();
+    const float* d_first = ctx->input(2).flat<float>().data();
+    const float* d_fm = ctx->input(3).flat<float>().data();
+    float* out = out_t->flat<float>().data();
+    const int64_t k0 = first_order_ ? 1 : 0;
+    ParallelRows(ctx, b, 2 * f * w, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        for (int64_t j = 0; j < f; ++j) {
+          const int64_t at = (i * f + j) * w;
+          Row(w, k0, d_fm[i], summed + i * w, block + at, out + at);
+          if (first_order_) out[at] = d_first[i];
+        }
+      }
+    });
+  }
+
+ private:
+  static void Row(int64_t w, int64_t k0, float d_fm, const float* __restrict sum,
+                  const float* __restrict row, float* __restrict out) {
+    for (int64_t k = k0; k < w; ++k) out[k] = d_fm * (sum[k] - row[k]);
+  }
+
+  bool first_order_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrFmGrad").Device(DEVICE_CPU), FmGrad);
 
 // ---------------------------------------------------------------------------------------------
 // Adam with catch-up table updates (optimizers.py). Both moments of a table row share one slot
