@@ -19,12 +19,12 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   "$venv/bin/python" -m pip install --quiet --no-deps -e "$root"
   echo "$want" > "$stamp"
 fi
-# The fused kernels (src/ctrtrain/models/engine/kernels), compiled against this venv's
+# The fused kernels (src/ctrtrain/kernels), compiled against this venv's
 # TensorFlow when their source or the pins changed (a few seconds); without a compiler
 # training runs TensorFlow's ops instead and says so.
-kernels_want="$(cat "$root/src/ctrtrain/models/engine/kernels/ctr_kernels.cc" "$stamp" | sha256sum | cut -d' ' -f1)"
+kernels_want="$(cat "$root/src/ctrtrain/kernels/ctr_kernels.cc" "$stamp" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$venv/.ctrtrain-kernels" 2>/dev/null || true)" != "$kernels_want" ]; then
-  if "$venv/bin/python" -m ctrtrain.models.engine.kernels.build >&2; then
+  if "$venv/bin/python" -m ctrtrain.kernels.build >&2; then
     echo "$kernels_want" > "$venv/.ctrtrain-kernels"
   fi
 fi

@@ -14,7 +14,7 @@ import itertools
 
 import tensorflow as tf
 
-from .engine import kernels
+from .. import kernels
 
 
 def first_and_fm(block, first_order: bool = True):
@@ -23,7 +23,7 @@ def first_and_fm(block, first_order: bool = True):
 
     The terms slice the small per-example sums [B, width], never the [B, F, width] block by
     column (the gradients of such slices cost more than the FM itself). In one pass each way
-    where the fused kernels run (models/engine/kernels)."""
+    where the fused kernels run (ctrtrain/kernels)."""
     if block.dtype == tf.float32 and kernels.usable_here():
         return kernels.fm(block, first_order)
     summed = tf.reduce_sum(block, 1)                                     # [B, width]

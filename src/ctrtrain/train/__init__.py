@@ -11,7 +11,7 @@ def train(cfg) -> dict:
     from .threads import apply_threads
     check_config(cfg)
     threads = apply_threads(cfg.threads)
-    from ..models.engine import kernels
+    from .. import kernels
     kernels.set_enabled(cfg.fused_kernels)
     # TensorFlow's import (by apply_threads) took seconds, more on a loaded host: alive again
     # before the data and the model are built (the launcher's watchdog reads this).

@@ -176,7 +176,7 @@ class TrainConfig:
         _choice("auto", *TABLE_UPDATES))
     fused_kernels: bool = setting(
         True, "optimizer", "run the table's sparse half (block gather, catch-up Adam) in the "
-        "fused C++ kernels where they are built (`python -m ctrtrain.models.engine.kernels."
+        "fused C++ kernels where they are built (`python -m ctrtrain.kernels."
         "build`); false: TensorFlow's ops, the reference", _bool)
     # schedule
     batch_size: int = setting(1024, "schedule", "examples per step and replica", number(int, 1))

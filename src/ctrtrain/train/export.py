@@ -63,7 +63,7 @@ def export_saved_model(model, export_base, version: int, info: dict,
     tmp = Path(export_base) / f".{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     serving = _Serving(model, schema)
-    from ..models.engine import kernels
+    from .. import kernels
     try:
         with kernels.off():    # the graph holds TensorFlow's own ops only
             tf.saved_model.save(serving, str(tmp), signatures={

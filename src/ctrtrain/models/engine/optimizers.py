@@ -9,7 +9,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from . import kernels
+from ... import kernels
 from .updates import Optimizer, gather_rows, raw
 
 
@@ -159,7 +159,7 @@ class Adam(Optimizer):
         return tf.sign(theta) * size
 
     def _fused(self, var) -> bool:
-        """The catch-up runs in the fused kernels (kernels/): a float32 table, kernels built
+        """The catch-up runs in the fused kernels (ctrtrain/kernels): a float32 table, kernels built
         and usable here; the TensorFlow ops (the reference) otherwise."""
         return self._drift is not None and var.dtype == tf.float32 and kernels.usable_here()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from . import kernels
+from ... import kernels
 
 
 def shards(var) -> list:

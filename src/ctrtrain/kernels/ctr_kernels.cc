@@ -4,6 +4,7 @@
 // dozens of small ops over a batch's few thousand distinct table rows: each op is a pass over
 // memory plus per-op overhead. These kernels do the same arithmetic in one pass each:
 //
+//   CtrParseExamples     a batch of the fixed schema's tf.train.Examples (tf.io.parse_example)
 //   CtrUnique            a batch's distinct ids and where each id is among them (tf.unique)
 //   CtrScaledGather      out[n] = params[where[n]] * values[n]      (the block of a batch)
 //   CtrScaledSegmentSum  out[u] = sum_{where[n] = u} grad[n] * values[n]   (its gradient)
@@ -16,6 +17,7 @@
 // precision. Built against the installed TensorFlow by kernels/build.py.
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
@@ -131,6 +133,229 @@ inline float Exp(float x) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// A batch of serialized tf.train.Examples of the fixed schema (data/tfrecord.py feature_spec:
+// ids int64 [F], values float [F], label float [1]) decoded straight from the protobuf wire
+// format, as tf.io.parse_example would give them. Only records of the plain form are decoded:
+// each key once, its one list of the expected kind and length (packed or not); anything else
+// (a key missing or repeated, another kind, malformed bytes) makes `understood` false, and the
+// caller parses the batch with tf.io.parse_example, which gives its result or its error.
+
+namespace wire {
+
+// A cursor over one message's bytes; every read checks the bounds.
+struct Reader {
+  const uint8_t* p;
+  const uint8_t* end;
+
+  bool Varint(uint64_t* out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && p < end; shift += 7) {
+      const uint8_t b = *p++;
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) {
+        *out = v;
+        return true;
+      }
+    }
+    return false;
+  }
+  // A length-delimited field's bytes.
+  bool Bytes(Reader* inner) {
+    uint64_t n;
+    if (!Varint(&n) || n > static_cast<uint64_t>(end - p)) return false;
+    *inner = Reader{p, p + n};
+    p += n;
+    return true;
+  }
+  bool Skip(int wire_type) {
+    uint64_t n;
+    Reader unused;
+    switch (wire_type) {
+      case 0: return Varint(&n);
+      case 1: if (end - p < 8) return false; p += 8; return true;
+      case 2: return Bytes(&unused);
+      case 5: if (end - p < 4) return false; p += 4; return true;
+      default: return false;   // groups and invalid types: not the plain form
+    }
+  }
+};
+
+// Int64List / FloatList: `value` (field 1), packed (wire type 2) or one element per field.
+bool Int64s(Reader list, int64_t* out, int64_t want) {
+  int64_t n = 0;
+  while (list.p < list.end) {
+    uint64_t tag, v;
+    if (!list.Varint(&tag)) return false;
+    if (tag == (1 << 3 | 2)) {
+      Reader packed;
+      if (!list.Bytes(&packed)) return false;
+      while (packed.p < packed.end) {
+        if (!packed.Varint(&v) || n == want) return false;
+        out[n++] = static_cast<int64_t>(v);
+      }
+    } else if (tag == (1 << 3 | 0)) {
+      if (!list.Varint(&v) || n == want) return false;
+      out[n++] = static_cast<int64_t>(v);
+    } else if (!list.Skip(tag & 7)) {
+      return false;
+    }
+  }
+  return n == want;
+}
+
+bool Floats(Reader list, float* out, int64_t want) {
+  int64_t n = 0;
+  while (list.p < list.end) {
+    uint64_t tag;
+    if (!list.Varint(&tag)) return false;
+    if (tag == (1 << 3 | 2)) {
+      Reader packed;
+      if (!list.Bytes(&packed)) return false;
+      const int64_t bytes = packed.end - packed.p;
+      if (bytes % 4 || n + bytes / 4 > want) return false;
+      std::memcpy(out + n, packed.p, bytes);   // little-endian, as the wire format
+      n += bytes / 4;
+    } else if (tag == (1 << 3 | 5)) {
+      if (list.end - list.p < 4 || n == want) return false;
+      std::memcpy(out + n++, list.p, 4);
+      list.p += 4;
+    } else if (!list.Skip(tag & 7)) {
+      return false;
+    }
+  }
+  return n == want;
+}
+
+}  // namespace wire
+
+REGISTER_OP("CtrParseExamples")
+    .Input("serialized: string")
+    .Output("ids: int64")          // [B, F]
+    .Output("values: float")       // [B, F]
+    .Output("label: float")        // [B] ([0] without with_label)
+    .Output("understood: bool")    // false: parse with tf.io.parse_example instead
+    .Attr("field_size: int")
+    .Attr("with_label: bool")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle serialized;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &serialized));
+      int64_t f;
+      bool with_label;
+      TF_RETURN_IF_ERROR(c->GetAttr("field_size", &f));
+      TF_RETURN_IF_ERROR(c->GetAttr("with_label", &with_label));
+      const auto b = c->Dim(serialized, 0);
+      c->set_output(0, c->Matrix(b, f));
+      c->set_output(1, c->Matrix(b, f));
+      c->set_output(2, with_label ? c->Vector(b) : c->Vector(0));
+      c->set_output(3, c->Scalar());
+      return absl::OkStatus();
+    });
+
+class ParseExamples : public OpKernel {
+ public:
+  explicit ParseExamples(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("field_size", &f_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("with_label", &with_label_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const auto serialized = ctx->input(0).flat<tensorflow::tstring>();
+    const int64_t b = serialized.size();
+    Tensor *ids_t, *values_t, *label_t, *ok_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, f_}), &ids_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({b, f_}), &values_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({with_label_ ? b : 0}), &label_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &ok_t));
+    int64_t* ids = ids_t->flat<int64_t>().data();
+    float* values = values_t->flat<float>().data();
+    float* label = label_t->flat<float>().data();
+    std::atomic<bool> ok{true};
+    ParallelRows(ctx, b, 50 * f_, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi && ok.load(std::memory_order_relaxed); ++i) {
+        const auto& record = serialized(i);
+        const auto* data = reinterpret_cast<const uint8_t*>(record.data());
+        if (!Record(wire::Reader{data, data + record.size()}, ids + i * f_, values + i * f_,
+                    with_label_ ? label + i : nullptr)) {
+          ok.store(false, std::memory_order_relaxed);
+        }
+      }
+    });
+    ok_t->scalar<bool>()() = ok.load();
+  }
+
+ private:
+  static bool Is(const wire::Reader& key, const char* name, size_t n) {
+    return static_cast<size_t>(key.end - key.p) == n && std::memcmp(key.p, name, n) == 0;
+  }
+
+  // One Example: Features (field 1) holding map entries (field 1) of key (1) and Feature (2).
+  bool Record(wire::Reader example, int64_t* ids, float* values, float* label) const {
+    int seen_ids = 0, seen_values = 0, seen_label = 0;
+    while (example.p < example.end) {
+      uint64_t tag;
+      if (!example.Varint(&tag)) return false;
+      if (tag != (1 << 3 | 2)) {
+        if (!example.Skip(tag & 7)) return false;
+        continue;
+      }
+      wire::Reader features;
+      if (!example.Bytes(&features)) return false;
+      while (features.p < features.end) {
+        if (!features.Varint(&tag)) return false;
+        if (tag != (1 << 3 | 2)) {
+          if (!features.Skip(tag & 7)) return false;
+          continue;
+        }
+        wire::Reader entry, key{nullptr, nullptr}, feature{nullptr, nullptr};
+        if (!features.Bytes(&entry)) return false;
+        int keys = 0, feats = 0;
+        while (entry.p < entry.end) {
+          if (!entry.Varint(&tag)) return false;
+          if (tag == (1 << 3 | 2)) {
+            if (!entry.Bytes(&key)) return false;
+            ++keys;
+          } else if (tag == (2 << 3 | 2)) {
+            if (!entry.Bytes(&feature)) return false;
+            ++feats;
+          } else if (!entry.Skip(tag & 7)) {
+            return false;
+          }
+        }
+        const bool is_ids = keys == 1 && Is(key, "ids", 3);
+        const bool is_values = keys == 1 && Is(key, "values", 6);
+        const bool is_label = label && keys == 1 && Is(key, "label", 5);
+        if (!is_ids && !is_values && !is_label) continue;   // a key the spec does not read
+        if (feats != 1) return false;
+        // The Feature: its one list, of the kind the key wants (3 int64_list, 2 float_list).
+        int lists = 0;
+        wire::Reader list{nullptr, nullptr};
+        uint64_t kind = 0;
+        while (feature.p < feature.end) {
+          if (!feature.Varint(&tag)) return false;
+          if ((tag & 7) != 2 || !feature.Bytes(&list)) return false;
+          kind = tag >> 3;
+          ++lists;
+        }
+        if (lists != 1) return false;
+        if (is_ids) {
+          if (kind != 3 || seen_ids++ || !wire::Int64s(list, ids, f_)) return false;
+        } else if (is_values) {
+          if (kind != 2 || seen_values++ || !wire::Floats(list, values, f_)) return false;
+        } else if (kind != 2 || seen_label++ || !wire::Floats(list, label, 1)) {
+          return false;
+        }
+      }
+    }
+    return seen_ids == 1 && seen_values == 1 && (!label || seen_label == 1);
+  }
+
+  int64_t f_;
+  bool with_label_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrParseExamples").Device(DEVICE_CPU), ParseExamples);
 
 // ---------------------------------------------------------------------------------------------
 // A batch's distinct ids: tf.unique's result (first occurrences in order, int32 positions)

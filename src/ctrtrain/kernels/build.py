@@ -1,6 +1,6 @@
 """Builds the fused kernels (ctr_kernels.cc) against the TensorFlow this Python imports.
 
-    python -m ctrtrain.models.engine.kernels.build
+    python -m ctrtrain.kernels.build
 
 The install scripts (scripts/env.sh: TensorFlow 2.21; scripts/horovod_env.sh: 2.15) run it.
 The library goes into the environment that imports it (or $CTRTRAIN_KERNELS_DIR), named by

@@ -38,7 +38,7 @@ def available() -> bool:
         path = library_path()
         if not path.exists():
             print(f"ctrtrain: fused kernels not built for TensorFlow {tf.__version__} ({path} "
-                  f"is missing; `python -m ctrtrain.models.engine.kernels.build` builds it): "
+                  f"is missing; `python -m ctrtrain.kernels.build` builds it): "
                   f"running the TensorFlow ops instead", flush=True)
             return False
         try:
@@ -67,6 +67,16 @@ def usable_here() -> bool:
     strategy = tf.distribute.get_strategy()
     return (_enabled and available()
             and not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy))
+
+
+def parse_examples(serialized, field_size: int, with_label: bool):
+    """(understood, ids [B, F], values [B, F], label [B] or None) of a batch of the fixed
+    schema's serialized Examples; understood False: some record is not of the plain form the
+    kernel decodes, and the outputs are not to be used (input/pipeline.py parses the batch
+    with tf.io.parse_example then)."""
+    ids, values, label, ok = _lib.ctr_parse_examples(
+        serialized=serialized, field_size=field_size, with_label=with_label)
+    return ok, ids, values, (label if with_label else None)
 
 
 def unique(ids):
@@ -130,6 +140,7 @@ def adam_catchup_apply(var, moments, last_step, rows, grad, caught, step, lr, be
         beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
 
 
+tf.no_gradient("CtrParseExamples")
 tf.no_gradient("CtrUnique")
 tf.no_gradient("CtrFmGrad")
 tf.no_gradient("CtrAdamCatchupRead")
