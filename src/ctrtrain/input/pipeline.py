@@ -18,7 +18,6 @@ import dataclasses
 
 import tensorflow as tf
 
-from .. import kernels
 from ..data.tfrecord import feature_spec, tf_compression
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -38,32 +37,15 @@ class PipelineConfig:
                                       # common tutorial order; kept to measure the difference)
     feature_size: int | None = None   # when given, every batch is checked: labels 0/1 (or
                                       # -1/1), ids in [0, feature_size), finite values
-    fused_parse: bool = False         # the fused kernel decodes TFRecord Examples (only where
-                                      # this process runs the pipeline: parse_tfrecord_batch)
 
 
-def parse_tfrecord_batch(serialized, field_size: int, with_label: bool = True,
-                         fused: bool = False):
-    """A batch of the fixed schema's Examples. `fused`: decoded by the fused kernel where it
-    is built (ctrtrain/kernels: a fifth of tf.io.parse_example's CPU time), which hands any
-    batch holding a record it does not decode back to tf.io.parse_example: the same result,
-    and the same error for a bad record."""
+def parse_tfrecord_batch(serialized, field_size: int, with_label: bool = True):
     spec = feature_spec(field_size)
     if not with_label:
         del spec["label"]
-
-    def reference():
-        f = tf.io.parse_example(serialized, spec)
-        out = {"ids": f["ids"], "values": f["values"]}
-        return {"label": f["label"][:, 0], **out} if with_label else out
-
-    if not (fused and kernels.usable_here()):
-        return reference()
-    understood, ids, values, label = kernels.parse_examples(serialized, field_size, with_label)
-    fast = {"ids": ids, "values": values}
-    if with_label:
-        fast = {"label": label, **fast}
-    return tf.cond(understood, lambda: fast, reference)
+    f = tf.io.parse_example(serialized, spec)
+    out = {"ids": f["ids"], "values": f["values"]}
+    return {"label": f["label"][:, 0], **out} if with_label else out
 
 
 def parse_fields_batch(serialized, schema, with_label: bool = True):
@@ -242,7 +224,7 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
             return parse_fields_batch(s, schema)
     elif fmt == "tfrecord":
         def parse(s):
-            return parse_tfrecord_batch(s, field_size, fused=cfg.fused_parse)
+            return parse_tfrecord_batch(s, field_size)
     else:
         def parse(s):
             return parse_libsvm_batch(s, field_size, cfg.label_format)

@@ -69,16 +69,6 @@ def usable_here() -> bool:
             and not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy))
 
 
-def parse_examples(serialized, field_size: int, with_label: bool):
-    """(understood, ids [B, F], values [B, F], label [B] or None) of a batch of the fixed
-    schema's serialized Examples; understood False: some record is not of the plain form the
-    kernel decodes, and the outputs are not to be used (input/pipeline.py parses the batch
-    with tf.io.parse_example then)."""
-    ids, values, label, ok = _lib.ctr_parse_examples(
-        serialized=serialized, field_size=field_size, with_label=with_label)
-    return ok, ids, values, (label if with_label else None)
-
-
 def unique(ids):
     """(distinct, where): tf.unique(ids) for int64 ids, the same result."""
     return _lib.ctr_unique(ids=ids)
@@ -140,7 +130,6 @@ def adam_catchup_apply(var, moments, last_step, rows, grad, caught, step, lr, be
         beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
 
 
-tf.no_gradient("CtrParseExamples")
 tf.no_gradient("CtrUnique")
 tf.no_gradient("CtrFmGrad")
 tf.no_gradient("CtrAdamCatchupRead")

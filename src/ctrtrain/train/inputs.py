@@ -79,7 +79,6 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     import tensorflow as tf
 
     from ..input.pipeline import PipelineConfig, make_dataset, make_pipe_dataset
-    from ..mode import Mode
     # Through tf.data service every consumer registers the same dataset (all of it, one seed):
     # the service decides who gets what (distributed_epoch: each element once).
     plan = None if cfg.data_service else cfg.read_plan
@@ -87,11 +86,7 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     pcfg = PipelineConfig(batch_size=batch_size, shuffle_buffer=cfg.shuffle_buffer,
                           cache=cfg.cache, seed=seed, parse=cfg.parse,
                           label_format=m.label_format if m.format == "libsvm" else "01",
-                          feature_size=cfg.feature_size or m.feature_size,
-                          # Not where other processes run the pipeline (data-service workers,
-                          # parameter-server workers), which have not loaded the kernels.
-                          fused_parse=cfg.fused_kernels and not cfg.data_service
-                          and not Mode.parse(cfg.mode).asynchronous)
+                          feature_size=cfg.feature_size or m.feature_size)
     if cfg.input_mode == "Pipe":
         # The platform serves as many epochs as are read: `epochs` FIFOs, or without end
         # when the run is given in steps (the trainer stops the reading).
