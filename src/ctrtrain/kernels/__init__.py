@@ -2,10 +2,11 @@
 as the reference and the fallback.
 
 `available()` loads the library build.py made for this TensorFlow; where there is none (not
-built, no compiler, another TensorFlow), or CTRTRAIN_KERNELS=0, it says so once and the
-callers run the TensorFlow ops, which compute the same to float32 precision
-(tests/test_kernels.py). The kernels run on this process's CPU: callers use them only for
-variables this process holds (not under parameter servers, whose variables live elsewhere).
+built, no compiler, another TensorFlow) it says so once, and the callers run the TensorFlow
+ops (as they do, silently, with CTRTRAIN_KERNELS=0 or `fused_kernels: false`), which compute
+the same to float32 precision (tests/test_kernels.py). The kernels run on this process's CPU:
+callers use them only for variables this process holds (not under parameter servers, whose
+variables live elsewhere), and never in an export (`off`).
 """
 
 from __future__ import annotations

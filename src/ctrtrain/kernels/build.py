@@ -4,8 +4,12 @@
 
 The install scripts (scripts/env.sh: TensorFlow 2.21; scripts/horovod_env.sh: 2.15) run it.
 The library goes into the environment that imports it (or $CTRTRAIN_KERNELS_DIR), named by
-TensorFlow's version and the source's hash (`library_path`), so a rebuilt TensorFlow or a changed kernel is never served a
-stale library: it is simply not found, and the TensorFlow ops run instead (kernels/__init__.py).
+TensorFlow's version and the source's hash (`library_path`), so that another TensorFlow or a
+changed kernel is never served a stale library: it is simply not found, and the TensorFlow ops
+run instead (kernels/__init__.py).
+
+-fno-math-errno and -fno-trapping-math let the compiler vectorize the per-row loops (sqrt,
+division under a condition); nothing here reads errno or floating-point exception flags.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ def build(force: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [compiler, "-O3", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", "-w", str(SOURCE), "-o", tmp,
-           *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    cmd = [compiler, "-O3", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", "-w",
+           str(SOURCE), "-o", tmp, *tf.sysconfig.get_compile_flags(),
+           *tf.sysconfig.get_link_flags()]
     t = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

@@ -13,7 +13,7 @@
 //   CtrAdamCatchupApply  Adam's step on those rows, in place (optimizers.py Adam._sparse)
 //
 // The TensorFlow path stays the reference: tests/test_kernels.py compares both to float32
-// precision. Built against the installed TensorFlow by kernels/build.py.
+// precision. Built against the installed TensorFlow by build.py beside this file.
 
 #include <algorithm>
 #include <cstdint>

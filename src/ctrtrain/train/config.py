@@ -175,9 +175,9 @@ class TrainConfig:
         "mode, catchup otherwise)",
         _choice("auto", *TABLE_UPDATES))
     fused_kernels: bool = setting(
-        True, "optimizer", "run the table's sparse half (block gather, catch-up Adam) in the "
-        "fused C++ kernels where they are built (`python -m ctrtrain.kernels."
-        "build`); false: TensorFlow's ops, the reference", _bool)
+        True, "optimizer", "run the step's sparse half (distinct ids, the block's gather, FM "
+        "terms, catch-up Adam) in the fused C++ kernels where they are built (`python -m "
+        "ctrtrain.kernels.build`); off: TensorFlow's ops, the reference", _bool)
     # schedule
     batch_size: int = setting(1024, "schedule", "examples per step and replica", number(int, 1))
     epochs: float = setting(1.0, "schedule", "passes over the training data",

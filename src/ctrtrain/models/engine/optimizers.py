@@ -159,8 +159,8 @@ class Adam(Optimizer):
         return tf.sign(theta) * size
 
     def _fused(self, var) -> bool:
-        """The catch-up runs in the fused kernels (ctrtrain/kernels): a float32 table, kernels built
-        and usable here; the TensorFlow ops (the reference) otherwise."""
+        """The catch-up runs in the fused kernels (ctrtrain/kernels): a float32 table, the
+        kernels built and usable here; the TensorFlow ops (the reference) otherwise."""
         return self._drift is not None and var.dtype == tf.float32 and kernels.usable_here()
 
     def _drift_constants(self):
