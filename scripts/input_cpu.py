@@ -6,8 +6,9 @@ on a 2-core machine is taken from the training step.
     .venv/bin/python scripts/input_cpu.py [DATA_DIR]
 
 Variants, each in its own process, alternated over 3 rounds, medians printed: the default
-(vectorized tf.io.parse_example after batching), parsing record by record, and the default
-without the shuffle buffer.
+(vectorized tf.io.parse_example after batching; the files interleaved by one thread on a
+machine of up to 4 cores), the files interleaved by tf.data's threads or by one, parsing
+record by record, and the default without the shuffle buffer.
 """
 import json
 import resource
@@ -18,6 +19,8 @@ import time
 
 DATA = "runs/bench-train/ref-1000000-1000000-zipf0.7/tfrecord/train"
 VARIANTS = {"default": {},
+            "files read by threads": {"read_threads": True},
+            "files read in one thread": {"read_threads": False},
             "parse record by record": {"parse": "scalar"},
             "no shuffle buffer": {"shuffle_buffer": 0}}
 
