@@ -6,9 +6,10 @@ on a 2-core machine is taken from the training step.
     .venv/bin/python scripts/input_cpu.py [DATA_DIR]
 
 Variants, each in its own process, alternated over 3 rounds, medians printed: the default
-(vectorized tf.io.parse_example after batching; the files interleaved by one thread on a
-machine of up to 4 cores), the files interleaved by tf.data's threads or by one, parsing
-record by record, and the default without the shuffle buffer.
+(records moved in blocks of 16; vectorized tf.io.parse_example after batching; the files
+interleaved by one thread on a machine of up to 4 cores), records moved one by one, the files
+interleaved by tf.data's threads or by one, parsing record by record, and the default without
+the shuffle buffer.
 """
 import json
 import resource
@@ -19,6 +20,7 @@ import time
 
 DATA = "runs/bench-train/ref-1000000-1000000-zipf0.7/tfrecord/train"
 VARIANTS = {"default": {},
+            "records one by one": {"read_block": 1},
             "files read by threads": {"read_threads": True},
             "files read in one thread": {"read_threads": False},
             "parse record by record": {"parse": "scalar"},

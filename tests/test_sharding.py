@@ -94,3 +94,29 @@ def test_pipe_channel_cannot_be_shared_by_a_hosts_workers():
         plan_reads(channel="training", distribution="ShardedByS3Key", input_mode="Pipe", hosts=1,
                    host_index=0, workers_per_host=2, local_rank=0, channel_per_worker=False,
                    files=None)
+
+
+@pytest.mark.parametrize("block", [1, 16])
+def test_blocks_keep_epochs_whole_and_the_order_seeded(tmp_path, block):
+    """Records moved in blocks (PipelineConfig.read_block) or one by one: every training batch
+    holds exactly batch_size records, each epoch holds each record once (epochs do not
+    blend), the order is shuffled, the same for the same seed and another for another."""
+    d = _data(tmp_path, "t", 1_000_000, 1_003, 4)    # 4 files, a partial block at each end
+    files = read_manifest(d).paths(d)
+
+    def order(seed):
+        cfg = PipelineConfig(batch_size=64, shuffle_buffer=300, epochs=2, seed=seed,
+                             read_block=block)
+        sizes, ids = [], []
+        for b in make_dataset(files, 3, cfg=cfg):
+            sizes.append(len(b["ids"]))
+            ids += b["ids"][:, 0].numpy().tolist()
+        return sizes, ids
+    sizes, ids = order(5)
+    assert sizes == [64] * (2 * 1_003 // 64)
+    every = list(range(1_000_000, 1_001_003))
+    assert sorted(ids[:1_003]) == every
+    second = ids[1_003:]                           # the second epoch, less the last partial batch
+    assert len(set(second)) == len(second) and set(second) <= set(every)
+    assert ids[:1_003] != sorted(ids[:1_003])
+    assert order(5)[1] == ids and order(6)[1] != ids

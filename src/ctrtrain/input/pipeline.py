@@ -1,15 +1,23 @@
 """The one function that fixes the order of the input pipeline's transformations.
 
-    records: File mode: list files -> [shard files] -> parallel interleave (deterministic)
+    records: File mode: list files -> [shard files] -> each file read in blocks of
+                        `read_block` records -> interleave (deterministic)
              Pipe mode: the channel's FIFO stream, framed (pipe.py)
-    -> [shard records] -> [cache] -> [shuffle] -> repeat -> batch -> [skip resumed batches]
-    -> vectorized parse -> prefetch
+    -> [shard records, then blocks] -> [cache] -> [shuffle blocks] -> repeat
+    -> rebatch to the batch size -> [skip resumed batches] -> vectorized parse -> prefetch
 
 Why this order: cache before shuffle/repeat so each epoch is reshuffled from memory (and only
 when the data fits); shuffle before repeat so epochs do not blend; batch *before* parse so one
 `parse_example` call decodes a whole batch (8x faster than per record, DESIGN.md 4); skipping
 serialized batches is how a resumed run returns to the data position it stopped at without
 paying for parsing; prefetch last so the next batch is ready while the model steps.
+Why blocks: tf.data pays about a microsecond per element in every transformation it passes;
+moving records 16 at a time through the interleave, the shuffle and the batching took the
+pipeline from ~2.8 to ~1.7 ms of CPU a batch of 1,024 (scripts/input_cpu.py), CPU the training
+step shares. The cost: a batch is 64 runs of 16 consecutive records of a file, drawn from a
+buffer of shuffle_buffer / 16 blocks, instead of 1,024 records drawn one by one
+(docs/benchmarks.md measures the quality either way; `read_block=1` is the record-by-record
+pipeline).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ class PipelineConfig:
     parallel_reads: int = 4           # files interleaved (training)
     read_threads: bool | None = None  # interleaved by tf.data's threads; None: for compressed
                                       # files or more than 4 cores (make_dataset)
+    read_block: int = 16              # records read, shuffled and batched as one element
+                                      # (1: one by one; the module's docstring says why)
     label_format: str = "01"          # libsvm text only
     parse: str = "vectorized"         # or "scalar": parse each record, then batch (the
                                       # common tutorial order; kept to measure the difference)
@@ -179,12 +189,20 @@ def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
     if file_shard:
         ds = ds.shard(*file_shard)
     if fmt == "tfrecord":
-        def read(f):
+        def records(f):
             return tf.data.TFRecordDataset(f, compression_type=tf_compression(compression))
     elif fmt == "libsvm":
-        read = tf.data.TextLineDataset
+        records = tf.data.TextLineDataset
     else:
         raise ValueError(f"unknown input format {fmt!r}")
+    # Each file is cut into blocks where it is read (per-file blocks cost less than blocks cut
+    # after the interleave: 1.7 against 2.0 ms a batch); a reader sharded by record takes its
+    # records first and blocks them after (batches).
+    block = read_block(cfg)
+    blocked = block > 1 and not record_shard
+
+    def read(f):
+        return records(f).batch(block) if blocked else records(f)
     mine = len(files) if not file_shard else len(range(file_shard[1], len(files), file_shard[0]))
     cycle = max(1, min(cfg.parallel_reads, mine))
     # One file is read in order either way; a parallel interleave of one input costs ~15 us a
@@ -200,7 +218,16 @@ def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
     ds = ds.interleave(read, cycle_length=cycle, block_length=1, **threads) \
         if training and cycle > 1 else ds.flat_map(read)
     return batches(ds, field_size, fmt=fmt, cfg=cfg, record_shard=record_shard,
-                   skip_batches=skip_batches, training=training, schema=schema)
+                   skip_batches=skip_batches, training=training, schema=schema,
+                   blocked=blocked)
+
+
+def read_block(cfg: PipelineConfig) -> int:
+    """Records per element before batching: cfg.read_block, or 1 where records are parsed
+    one by one (parse="scalar")."""
+    if cfg.read_block < 1:
+        raise ValueError(f"read_block must be at least 1, not {cfg.read_block}")
+    return 1 if cfg.parse == "scalar" else cfg.read_block
 
 
 def make_pipe_dataset(fifo_prefix: str, field_size: int, *, fmt: str = "tfrecord",
@@ -220,15 +247,20 @@ def make_pipe_dataset(fifo_prefix: str, field_size: int, *, fmt: str = "tfrecord
 
 def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConfig,
             record_shard: tuple[int, int] | None, skip_batches: int,
-            training: bool, schema=None) -> tf.data.Dataset:
-    """Serialized records (or libsvm lines) -> parsed batches, in the order documented above."""
+            training: bool, schema=None, blocked: bool = False) -> tf.data.Dataset:
+    """Serialized records (or libsvm lines; `blocked`: vectors of read_block of them) -> parsed
+    batches, in the order documented above."""
+    block = read_block(cfg)
     if record_shard:
         ds = ds.shard(*record_shard)
+    if block > 1 and not blocked:
+        ds = ds.batch(block)
     if training:
         if cfg.cache:
             ds = ds.cache()
         if cfg.shuffle_buffer:
-            ds = ds.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(-(-cfg.shuffle_buffer // block), seed=cfg.seed,
+                            reshuffle_each_iteration=True)
         ds = ds.repeat(cfg.epochs)
     if schema is not None:
         def parse(s):
@@ -245,7 +277,10 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
                     num_parallel_calls=AUTOTUNE)
     elif cfg.parse != "vectorized":
         raise ValueError(f"parse must be vectorized or scalar, not {cfg.parse!r}")
-    ds = ds.batch(cfg.batch_size, drop_remainder=cfg.drop_remainder and training)
+    drop = cfg.drop_remainder and training
+    # rebatch = unbatch().batch() in one copy: batches of exactly batch_size records.
+    ds = ds.rebatch(cfg.batch_size, drop_remainder=drop) if block > 1 \
+        else ds.batch(cfg.batch_size, drop_remainder=drop)
     if skip_batches:
         ds = ds.skip(skip_batches)
     if cfg.parse == "vectorized":

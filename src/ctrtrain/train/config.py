@@ -124,6 +124,9 @@ class TrainConfig:
                                   "shuffling)", number(int, 0))
     cache: bool = setting(False, "data", "keep the training records in memory after the first "
                           "epoch", _bool)
+    read_block: int = setting(16, "data", "records read, shuffled and batched together "
+                              "(1: one by one, the shuffle drawing single records)",
+                              number(int, 1))
     parse: str = setting("vectorized", "data", "input parsing: vectorized (batch, then parse) | "
                          "scalar", _choice("vectorized", "scalar"))
     # model
@@ -241,7 +244,8 @@ class TrainConfig:
     # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
     SHAPE_FIELDS = ("model", "embedding_size", "deep_layers", "batch_norm", "optimizer",
                     "table_updates")
-    POSITION_FIELDS = ("batch_size", "seed", "shuffle_buffer", "cache", "mode", "train_data")
+    POSITION_FIELDS = ("batch_size", "seed", "shuffle_buffer", "read_block", "cache", "mode",
+                       "train_data")
 
     def __post_init__(self):
         # One name for each thread setting: the three fields above (flags, hyperparameters,

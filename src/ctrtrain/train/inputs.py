@@ -85,6 +85,7 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
     seed = cfg.seed if cfg.data_service else seed
     pcfg = PipelineConfig(batch_size=batch_size, shuffle_buffer=cfg.shuffle_buffer,
                           cache=cfg.cache, seed=seed, parse=cfg.parse,
+                          read_block=cfg.read_block,
                           label_format=m.label_format if m.format == "libsvm" else "01",
                           feature_size=cfg.feature_size or m.feature_size)
     if cfg.input_mode == "Pipe":
