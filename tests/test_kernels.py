@@ -220,6 +220,37 @@ def test_the_catchup_read_is_as_exact_as_the_tensorflow_ops(table_l2):
         assert f <= 3e-7 and f <= max(1.01 * r, 1e-8), (name, f, r)
 
 
+@pytest.mark.parametrize("table_l2", [0.0, 1e-3])
+def test_the_catchup_lookup_reads_the_rows_the_read_gives_with_a_lookups_gradient(table_l2):
+    """Adam.read_rows's one kernel (the table's rows read and caught up) against a gather of
+    the stored rows and the catch-up read: the same rows now, moments and offset; its
+    gradient is the table's IndexedSlices at the rows, as a lookup's."""
+    model, opt, step = _training(True, table_l2)
+    for b in _batches(30, seed=2):
+        step(b)
+    t = model.embeddings.table
+    rows = tf.constant(np.random.default_rng(0).permutation(ROWS)[:300], tf.int64)
+    upstream = tf.constant(np.random.default_rng(1).normal(size=(300, t.shape[1])), tf.float32)
+    with tf.GradientTape() as tape:
+        now = opt.read_rows(t, rows)
+        loss = tf.reduce_sum(now * upstream)
+    grad = tape.gradient(loss, t)
+    m, v, offset, current = opt._pending.pop(id(t))
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_array_equal(grad.indices.numpy(), rows.numpy())
+    np.testing.assert_array_equal(grad.values.numpy(), upstream.numpy())
+
+    stored = tf.gather(t, rows)
+    read_offset = opt.row_correction(t, rows, stored)
+    read = opt._pending.pop(id(t))
+    for got, want in zip((m, v, offset), read[:3]):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_allclose(now.numpy(), (stored - read_offset).numpy(), rtol=0, atol=1e-7)
+    if table_l2:
+        np.testing.assert_array_equal(current.numpy(), read[3].numpy())
+    assert np.abs(offset.numpy()).max() > 0, "the rows had steps to catch up"
+
+
 @pytest.mark.slow
 def test_training_without_the_library_says_so_and_learns_the_same(synth_data, tmp_path):
     """`ctrtrain train` where no library was built for this TensorFlow (an empty

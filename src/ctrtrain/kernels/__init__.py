@@ -15,6 +15,7 @@ import contextlib
 import os
 
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 _lib = None
 _tried = False
@@ -116,6 +117,29 @@ def adam_catchup_read(stored, moments, last_step, rows, iterations, lr_scale, le
         iterations=iterations, lr_scale=lr_scale, learning_rate=learning_rate, drift=drift,
         ratios=ratios, beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
     return offset, m, v, (current if table_l2 else None)
+
+
+def adam_catchup_lookup(table, moments, last_step, rows, iterations, lr_scale, learning_rate,
+                        drift, ratios, beta1, beta2, epsilon, table_l2):
+    """(now, caught): the table's `rows` read and caught up in one pass -- `now` the rows as
+    dense Adam would have them, differentiable with respect to `table` (its gradient is the
+    table's IndexedSlices at `rows`, as a lookup's); `caught` = (m, v, offset, current or
+    None) as adam_catchup_apply takes it. `table` a variable of this process."""
+    # Recorded as a read of the variable, as its own sparse_read does: the tape then watches
+    # it, and the step's gradient reaches it through this op's.
+    resource_variable_ops.variable_accessed(table)
+    now, offset, m, v = _lib.ctr_adam_catchup_lookup(
+        table=table.handle, moments=moments.handle, last_step=last_step.handle, rows=rows,
+        iterations=iterations, lr_scale=lr_scale, learning_rate=learning_rate, drift=drift,
+        ratios=ratios, beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
+    return now, (m, v, offset, now if table_l2 else None)
+
+
+@tf.RegisterGradient("CtrAdamCatchupLookup")
+def _catchup_lookup_grad(op, d_now, *_):
+    table, rows = op.inputs[0], op.inputs[3]
+    return [tf.IndexedSlices(d_now, rows, tf.raw_ops.VariableShape(input=table))] \
+        + [None] * (len(op.inputs) - 1)
 
 
 def adam_catchup_apply(var, moments, last_step, rows, grad, caught, step, lr, beta1, beta2,

@@ -53,9 +53,10 @@ void ParallelRows(OpKernelContext* ctx, int64_t total, int64_t cost_per_row,
 
 // Locks variables in address order (as TensorFlow's own multi-variable ops do) so that no two
 // ops can deadlock.
-class Locks {
+template <typename Lock>
+class OrderedLocks {
  public:
-  explicit Locks(const std::vector<Var*>& vars) {
+  explicit OrderedLocks(const std::vector<Var*>& vars) {
     std::vector<tensorflow::mutex*> mus;
     for (Var* v : vars) mus.push_back(v->mu());
     std::sort(mus.begin(), mus.end());
@@ -64,10 +65,11 @@ class Locks {
   }
 
  private:
-  // An alias: TensorFlow defines mutex_lock(x) as a macro that catches unnamed locks.
-  using Lock = tensorflow::mutex_lock;
   std::vector<std::unique_ptr<Lock>> locks_;
 };
+// Aliases: TensorFlow defines mutex_lock(x) as a macro that catches unnamed locks.
+using Locks = OrderedLocks<tensorflow::mutex_lock>;             // to write
+using SharedLocks = OrderedLocks<tensorflow::tf_shared_lock>;   // to read
 
 // Before an in-place sparse write, as TensorFlow's EnsureSparseVariableAccess: a buffer some
 // earlier read still shares is copied first, and the variable is put in copy-on-read mode
@@ -453,6 +455,39 @@ REGISTER_OP("CtrAdamCatchupRead")
       return absl::OkStatus();
     });
 
+// The same catch-up, reading the rows from the table itself: the embedding lookup and the
+// catch-up in one pass over the batch's rows (instead of a ResourceGather, then this read, then
+// a subtraction). `now` is what the lookup returns; its gradient is the table's IndexedSlices
+// (kernels/__init__.py registers it).
+REGISTER_OP("CtrAdamCatchupLookup")
+    .Input("table: resource")       // [rows, W]
+    .Input("moments: resource")     // [rows, 2W]
+    .Input("last_step: resource")   // [rows] int64
+    .Input("rows: int64")           // [U] distinct
+    .Input("iterations: int64")
+    .Input("lr_scale: float")
+    .Input("learning_rate: float")
+    .Input("drift: double")
+    .Input("ratios: double")
+    .Output("now: float")           // [U, W] the rows as dense Adam would have them
+    .Output("offset: float")        // stored - offset = now
+    .Output("m: float")
+    .Output("v: float")
+    .Attr("beta1: float")
+    .Attr("beta2: float")
+    .Attr("epsilon: float")
+    .Attr("table_l2: float")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      auto* handle = c->input_handle_shapes_and_types(0);
+      auto width = handle && !handle->empty() && c->RankKnown((*handle)[0].shape)
+                       ? c->Dim((*handle)[0].shape, 1) : c->UnknownDim();
+      ShapeHandle rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &rows));
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->Matrix(c->Dim(rows, 0), width));
+      return absl::OkStatus();
+    });
+
 // One row's element-wise work, in functions of their own over restrict pointers so that the
 // compiler vectorizes them (in the kernels' lambdas it cannot prove the rows apart).
 struct RowTerms {
@@ -468,6 +503,21 @@ void CatchupRow(int64_t width, const RowTerms& c, const float* __restrict m_in,
     offset[j] = DivNoNan(m * c.d_r, std::sqrt(v) + c.eps_ratio) * c.lr_scale;
     m_out[j] = c.b1k * m;
     v_out[j] = c.b2k * v;
+  }
+}
+
+// CatchupRow, also writing the row now (stored - offset): the lookup's output.
+void CatchupRowNow(int64_t width, const RowTerms& c, const float* __restrict stored,
+                   const float* __restrict m_in, const float* __restrict v_in,
+                   float* __restrict offset, float* __restrict m_out, float* __restrict v_out,
+                   float* __restrict now) {
+  for (int64_t j = 0; j < width; ++j) {
+    const float m = m_in[j], v = v_in[j];
+    const float o = DivNoNan(m * c.d_r, std::sqrt(v) + c.eps_ratio) * c.lr_scale;
+    offset[j] = o;
+    m_out[j] = c.b1k * m;
+    v_out[j] = c.b2k * v;
+    now[j] = stored[j] - o;
   }
 }
 
@@ -522,9 +572,12 @@ struct SkippedSteps {
 // are scattered over a table of millions, so each is a cache miss the prefetch overlaps.
 constexpr int64_t kAhead = 8;
 
-class AdamCatchupRead : public OpKernel {
+// kLookup: CtrAdamCatchupLookup (the rows read from the table; `now` written), else
+// CtrAdamCatchupRead (the stored rows given).
+template <bool kLookup>
+class AdamCatchup : public OpKernel {
  public:
-  explicit AdamCatchupRead(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit AdamCatchup(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &beta1_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &beta2_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
@@ -551,11 +604,20 @@ class AdamCatchupRead : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& stored_t = ctx->input(0);
-    const int64_t u = stored_t.dim_size(0), width = stored_t.dim_size(1);
+    tensorflow::core::RefCountPtr<Var> table, moments, last_step;
+    if (!LookupVar(ctx, 1, &moments) || !LookupVar(ctx, 2, &last_step)) return;
+    if (kLookup && !LookupVar(ctx, 0, &table)) return;
+    // Read under shared locks (address-ordered, as CtrAdamCatchupApply's exclusive ones):
+    // the apply writes in place in copy-on-read mode, so whatever is read is copied here.
+    std::vector<Var*> read{moments.get(), last_step.get()};
+    if (kLookup) read.push_back(table.get());
+    SharedLocks locks(read);
+    const Tensor& stored_t = kLookup ? *table->tensor() : ctx->input(0);
+    OP_REQUIRES(ctx, stored_t.dims() == 2, InvalidArgument("the rows must be a matrix"));
     const Tensor& rows_t = ctx->input(3);
-    OP_REQUIRES(ctx, rows_t.NumElements() == u,
-                InvalidArgument("rows has ", rows_t.NumElements(), " elements, stored ", u));
+    const int64_t u = rows_t.NumElements(), width = stored_t.dim_size(1);
+    OP_REQUIRES(ctx, kLookup || stored_t.dim_size(0) == u,
+                InvalidArgument("rows has ", u, " elements, stored ", stored_t.dim_size(0)));
     const int64_t iterations = ctx->input(4).scalar<int64_t>()();
     const float lr_scale = ctx->input(5).scalar<float>()();
     const float learning_rate = ctx->input(6).scalar<float>()();
@@ -576,20 +638,23 @@ class AdamCatchupRead : public OpKernel {
     }
     const int64_t tabulated = static_cast<int64_t>(by_k_.size());
 
-    tensorflow::core::RefCountPtr<Var> moments, last_step;
-    if (!LookupVar(ctx, 1, &moments) || !LookupVar(ctx, 2, &last_step)) return;
-    Tensor *offset_t, *m_t, *v_t, *current_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, stored_t.shape(), &offset_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, stored_t.shape(), &m_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, stored_t.shape(), &v_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({l2_ ? u : 0, width}), &current_t));
+    // Outputs: the lookup's (now, offset, m, v; with L2 the current rows are `now`), the
+    // read's (offset, m, v, current: [0, W] without L2).
+    const TensorShape shape({u, width});
+    Tensor *now_t = nullptr, *offset_t, *m_t, *v_t, *current_t = nullptr;
+    const int first = kLookup ? 1 : 0;
+    if (kLookup) OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &now_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(first, shape, &offset_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(first + 1, shape, &m_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(first + 2, shape, &v_t));
+    if (!kLookup)
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({l2_ ? u : 0, width}), &current_t));
 
-    tensorflow::tf_shared_lock lock_m(*moments->mu());
-    tensorflow::tf_shared_lock lock_s(*last_step->mu());
     const Tensor& mom = *moments->tensor();
     const Tensor& last = *last_step->tensor();
     OP_REQUIRES(ctx, mom.dims() == 2 && mom.dim_size(1) == 2 * width &&
-                         last.NumElements() == mom.dim_size(0),
+                         last.NumElements() == mom.dim_size(0) &&
+                         (!kLookup || stored_t.dim_size(0) == mom.dim_size(0)),
                 InvalidArgument("moments must be [rows, 2 * width] and last_step [rows]"));
     const int64_t* rows = rows_t.flat<int64_t>().data();
     if (!CheckRows(ctx, rows, u, mom.dim_size(0), "rows")) return;
@@ -600,7 +665,8 @@ class AdamCatchupRead : public OpKernel {
     float* offset = offset_t->flat<float>().data();
     float* m_out = m_t->flat<float>().data();
     float* v_out = v_t->flat<float>().data();
-    float* current = l2_ ? current_t->flat<float>().data() : nullptr;
+    float* now = kLookup ? now_t->flat<float>().data() : nullptr;
+    float* current = !l2_ ? nullptr : kLookup ? now : current_t->flat<float>().data();
 
     // Adam._idle_l2's rate at this step, in float32 as the TensorFlow ops compute it.
     const float t = static_cast<float>(std::max<int64_t>(iterations, 1));
@@ -614,6 +680,7 @@ class AdamCatchupRead : public OpKernel {
           __builtin_prefetch(last_of + next);
           __builtin_prefetch(mv + next * 2 * width);
           __builtin_prefetch(mv + next * 2 * width + width);
+          if (kLookup) __builtin_prefetch(stored + next * width);
         }
         const int64_t r = rows[i], a = last_of[r];
         const int64_t k = std::max<int64_t>(iterations - a, 0);
@@ -625,8 +692,14 @@ class AdamCatchupRead : public OpKernel {
         RowTerms c{d_r, epsilon_ * DivNoNan(d_r, d_b1), lr_scale, s.b1k, s.b2k, 0, 0, 0, l2_};
         const int64_t at = i * width;
         const float* m_in = mv + r * 2 * width;
+        const float* row = stored + (kLookup ? r : i) * width;
         if (!l2_) {
-          CatchupRow(width, c, m_in, m_in + width, offset + at, m_out + at, v_out + at);
+          if (kLookup) {
+            CatchupRowNow(width, c, row, m_in, m_in + width, offset + at, m_out + at,
+                          v_out + at, now + at);
+          } else {
+            CatchupRow(width, c, m_in, m_in + width, offset + at, m_out + at, v_out + at);
+          }
           continue;
         }
         // Adam._idle_l2's per-row terms.
@@ -634,8 +707,8 @@ class AdamCatchupRead : public OpKernel {
         c.moved = a == 0 ? learning_rate * static_cast<float>(k) : lr_t * static_cast<float>(h);
         c.eps_w = epsilon_ * DivNoNan(s.w1, s.w0);
         c.rate = lr_t * l2_ * s.w1;
-        CatchupRowL2(width, c, stored + at, m_in, m_in + width, offset + at, m_out + at,
-                     v_out + at, current + at);
+        CatchupRowL2(width, c, row, m_in, m_in + width, offset + at, m_out + at, v_out + at,
+                     current + at);
       }
     });
   }
@@ -649,7 +722,9 @@ class AdamCatchupRead : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrAdamCatchupRead").Device(DEVICE_CPU).HostMemory("iterations"),
-                        AdamCatchupRead);
+                        AdamCatchup<false>);
+REGISTER_KERNEL_BUILDER(Name("CtrAdamCatchupLookup").Device(DEVICE_CPU).HostMemory("iterations"),
+                        AdamCatchup<true>);
 
 REGISTER_OP("CtrAdamCatchupApply")
     .Input("var: resource")         // [rows, W]

@@ -90,11 +90,11 @@ class CTRModel(tf.Module):
         own = [v for b in self.blocks for v in b.variables_to_update()]
         return [v for var in [self.bias] + own for v in shards(var)]
 
-    def __call__(self, features, training: bool = False, row_correction=None):
+    def __call__(self, features, training: bool = False, read_rows=None):
         """Returns (logits [B], the dense kernels' L2 penalty) of a batch's features (ids,
         values; with declared fields also numeric, bag_ids, bag_weights: data/schema.py)."""
         logits = self.bias
-        for term in self.terms(self.embeddings(features, row_correction), training):
+        for term in self.terms(self.embeddings(features, read_rows), training):
             logits = logits + term
         penalized = [k for b in self.blocks for k in b.penalized()]
         l2 = 0.0

@@ -27,7 +27,7 @@ def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float,
 
     def replica_step(batch):
         with tf.GradientTape() as tape:
-            logits, l2 = model(batch, training=True, row_correction=opt.row_correction)
+            logits, l2 = model(batch, training=True, read_rows=opt.read_rows)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
                 labels=batch["label"], logits=logits))
             # Inside the tape: the sum must be recorded to be differentiated. Divided by the

@@ -170,6 +170,18 @@ class Adam(Optimizer):
         return (tf.constant(np.stack(d.tables + [d.H]), tf.float64),
                 tf.constant(d.ratios, tf.float64))
 
+    def read_rows(self, var, rows):
+        # One kernel reads and catches up a plain variable's rows (a distributed one's
+        # replica copy is read by the lookup, then row_correction).
+        if self._fused(var) and not isinstance(var, tf.distribute.DistributedValues):
+            now, caught = kernels.adam_catchup_lookup(
+                var, self.slot(var, "moments"), self.slot(var, "last_step"), rows,
+                self.iterations, self.lr_scale, self.learning_rate, *self._drift_constants(),
+                self.beta1, self.beta2, self.epsilon, self.table_l2)
+            self._pending[id(var)] = caught
+            return now
+        return super().read_rows(var, rows)
+
     def row_correction(self, var, rows, stored=None):
         if self._drift is None:
             return None

@@ -103,11 +103,12 @@ class EmbeddingTable(tf.Module):
         sparse updates address the shards; a ShardedVariable has no handle of its own)."""
         return shards(self.table)
 
-    def __call__(self, features, row_correction=None) -> Embedded:
+    def __call__(self, features, read_rows=None) -> Embedded:
         """The batch's features (ids, values; with declared fields also numeric, bag_ids,
-        bag_weights: data/schema.py) looked up. `row_correction(table, rows)`: the optimizer's
-        offset of stored rows from their current values (a catch-up optimizer applies skipped
-        steps only when a row is next updated), read without gradient."""
+        bag_weights: data/schema.py) looked up. `read_rows(table, rows)`: the optimizer's
+        lookup (updates.py Optimizer.read_rows: a catch-up optimizer applies skipped steps
+        only when a row is next updated, and reads rows as they would be now); by default
+        the rows as stored."""
         cfg, width = self.cfg, self.width
         ids, values = features["ids"], features["values"]
         numeric_at = ids.shape[1]
@@ -127,11 +128,8 @@ class EmbeddingTable(tf.Module):
         fused = kernels.usable_here()
         distinct, where = (kernels.unique(lookup) if fused and lookup.dtype == tf.int64
                            else tf.unique(lookup))
-        table_rows = tf.nn.embedding_lookup(self.table, distinct)        # [U, width]
-        if row_correction is not None and isinstance(self.table, tf.Variable):
-            offset = row_correction(self.table, distinct, stored=table_rows)
-            if offset is not None:
-                table_rows = table_rows - tf.stop_gradient(offset)
+        table_rows = (read_rows(self.table, distinct) if read_rows is not None    # [U, width]
+                      else tf.nn.embedding_lookup(self.table, distinct))
         if cfg.bags:
             # Explicit batch size: a data set of bags only has no single fields to infer it.
             batch = tf.shape(ids, out_type=tf.int64)[0]

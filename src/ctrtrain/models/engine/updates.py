@@ -166,6 +166,14 @@ class Optimizer(tf.Module):
         """The rows' gradient plus their L2's (for rows that are current as stored)."""
         return grad + self.table_l2 * gather_rows(var, rows) if self.table_l2 else grad
 
+    def read_rows(self, var, rows):
+        """The forward pass's lookup of a table's distinct `rows`: the stored rows less
+        row_correction, differentiable with respect to `var` (IndexedSlices at `rows`). An
+        optimizer with a fused kernel for both overrides it."""
+        stored = tf.nn.embedding_lookup(var, rows)
+        offset = self.row_correction(var, rows, stored) if isinstance(var, tf.Variable) else None
+        return stored if offset is None else stored - tf.stop_gradient(offset)
+
     def row_correction(self, var, rows, stored=None):
         """What to subtract from the stored rows to read them as the dense update would have
         left them (catchup mode), without changing anything: the forward pass reads rows
