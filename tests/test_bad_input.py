@@ -255,7 +255,8 @@ def test_resume_refuses_another_data_position_and_survives_damaged_checkpoints(t
             "--checkpoint-every", 5, "--keep-checkpoints", 5, "--no-export"]
     code, _, err = cli(*base, "--steps", 10)
     assert code == 0, err
-    for flag, value in (("--batch-size", 128), ("--seed", 3), ("--shuffle-buffer", 100)):
+    for flag, value in (("--batch-size", 128), ("--seed", 3), ("--shuffle-buffer", 100),
+                        ("--read-block", 4)):
         args = list(base)
         if flag in args:
             args[args.index(flag) + 1] = value

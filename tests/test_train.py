@@ -261,3 +261,41 @@ def test_early_stopping_and_checkpoint_retention(synth, tmp_path):
     assert [e["step"] for e in events if e["event"] == "eval" and e["split"] == "valid"][:3] == [40, 80, 120]
     kept = sorted(p.name for p in (md / "checkpoints").glob("ckpt-*.index"))
     assert kept == ["ckpt-120.index", "ckpt-90.index"]
+
+
+def test_a_diverging_run_stops_at_its_first_nonfinite_step_whatever_the_steps_per_call(synth, tmp_path):
+    """Several steps run in one compiled call (--steps-per-execution): the call ends at the
+    first non-finite loss, and the run fails naming the same step as one step a call does,
+    with no checkpoint of the diverged model."""
+    import re
+    root, _ = synth
+    where = {}
+    for k in (1, 10):
+        code, out, err = cli("train", "--train", root / "tf" / "train", "--model-dir",
+                             tmp_path / f"m{k}", "--learning-rate", "1e5", "--steps", 60,
+                             "--steps-per-execution", k, "--quiet")
+        said = re.search(r"became (nan|inf) at step (\d+)", out + err)
+        assert code == 2 and said, (code, out[-1500:], err[-1500:])
+        where[k] = said.group(0)
+        assert not list((tmp_path / f"m{k}").glob("ckpt-*.index"))
+    assert where[1] == where[10] and int(where[1].split()[-1]) > 2, where   # within a call
+
+
+def test_several_steps_a_call_train_the_same_model_as_one(synth, tmp_path):
+    """--steps-per-execution 7 (calls cut short by log windows of 4 steps and the end at 45)
+    against one step a call: the same losses and test metrics (no dropout: nothing random
+    in the steps)."""
+    root, _ = synth
+    got = {}
+    for k in (1, 7):
+        code, out, err = cli(*train_args(root, tmp_path / f"m{k}", "--steps", 45,
+                                         "--log-every", 4, "--dropout", 0,
+                                         "--steps-per-execution", k, "--no-export"))
+        assert code == 0, err[-2000:]
+        events = [json.loads(line) for line in open(tmp_path / f"m{k}" / "metrics.jsonl")]
+        losses = [e["loss"] for e in events if e["event"] == "train"]
+        result = json.loads((tmp_path / f"m{k}" / "result.json").read_text())
+        got[k] = (losses, result["step"], result["test"]["auc"], result["test"]["logloss"])
+    assert len(got[1][0]) == 12 and got[1][1] == 45
+    np.testing.assert_allclose(got[7][0], got[1][0], rtol=1e-6)
+    assert got[7][1:] == pytest.approx(got[1][1:], rel=1e-6)

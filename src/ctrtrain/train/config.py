@@ -187,6 +187,10 @@ class TrainConfig:
                             number(float, 0, low_open=True))
     steps: int | None = setting(None, "schedule", "steps to train (overrides epochs)",
                                 number(int, 1, optional=True))
+    steps_per_execution: int = setting(
+        10, "schedule", "training steps per call of the compiled step (Keras's name): its "
+        "dispatch, ~1 ms, is paid once for all of them; stops, logs and checkpoints still "
+        "happen at their steps", number(int, 1))
     log_every: int | str = setting(100, "schedule", "log window: steps, or '0.1 epochs'",
                                    _schedule)
     eval_every: int | str = setting("auto", "schedule", "evaluate the validation split every N "

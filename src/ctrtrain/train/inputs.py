@@ -73,9 +73,12 @@ def check_checksums(m, directory) -> None:
                             "changed (run `ctrtrain data validate`)", path=path)
 
 
-def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, seed: int | None):
+def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, seed: int | None,
+                     stack: int = 0):
     """This reader's part of the training data (cfg.read_plan), batched, repeated forever,
-    optionally through tf.data service."""
+    optionally through tf.data service; with `stack`, in stacks of that many batches (each
+    tensor [stack, ...]; the last of a finite stream may hold fewer), for a trainer that runs
+    several steps a call (step.py stacked_steps_function)."""
     import tensorflow as tf
 
     from ..input.pipeline import PipelineConfig, make_dataset, make_pipe_dataset
@@ -115,6 +118,8 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
             # not the same batches). Without it every retry re-read its epoch's first part.
             ds = ds.skip(skip_batches)
         ds = ds.prefetch(tf.data.AUTOTUNE)
+    if stack:
+        ds = ds.batch(stack).prefetch(1)
     return ds.with_options(data_options(cfg.threads))
 
 

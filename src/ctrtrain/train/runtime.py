@@ -66,12 +66,24 @@ class Runtime:
             return make_dataset()
         return self.strategy.distribute_datasets_from_function(lambda ctx: make_dataset())
 
-    def run(self, replica_fn, batch):
-        """replica_fn(batch) -> loss on every replica; returns the mean loss (call in tf.function)."""
+    def run(self, replica_fn, *args):
+        """replica_fn(*args) -> loss on every replica (per-replica args: each replica's own
+        value); returns the mean loss (call in tf.function)."""
         if self.strategy is None:
-            return replica_fn(batch)
-        per_replica = self.strategy.run(replica_fn, args=(batch,))
+            return replica_fn(*args)
+        per_replica = self.strategy.run(replica_fn, args=args)
         return self.strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    def steps_per_call(self, requested: int) -> int:
+        """Training steps one compiled call may run (TrainConfig.steps_per_execution). Under
+        MultiWorkerMirroredStrategy one: its all-gather of a table's IndexedSlices (a
+        variable number of rows) run twice in one call fails with "Shape mismatch in the
+        collective instance" (the second run meets the first's shape; tests/test_pipe.py's
+        allreduce job showed it), so each step is its own call there, as before."""
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy) \
+                and self.replicas > 1 and self.sparse_reduce == "gather":
+            return 1
+        return requested
 
     def sum_over_readers(self, value: int) -> int:
         """The sum of an integer over every reading process (a collective: all must call)."""

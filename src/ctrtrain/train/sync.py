@@ -11,7 +11,6 @@ not (they have finished)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 from .. import heartbeat
@@ -27,48 +26,67 @@ from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
 
 
 class SyncTrainer(ChiefActions):
-    """Runs steps of the compiled synchronous step on this process's input."""
+    """Runs steps of the compiled synchronous step on this process's input: its elements are
+    stacks of up to steps_per_execution batches (training_dataset), run by one call of
+    `train_steps` (step.py stacked_steps_function) as far as the controller's next event
+    allows; the rest of a stack goes to the next call."""
 
-    def __init__(self, cfg: TrainConfig, rt, model, opt, train_step, variables, manager,
+    def __init__(self, cfg: TrainConfig, rt, model, opt, train_steps, variables, manager,
                  start_step: int, data_iter, log, feature_size: int, explain):
         from .evaluate import make_predict_fn
         from .step import settle_function
         self.cfg, self.rt, self.model, self.opt = cfg, rt, model, opt
-        self.train_step, self.variables, self.manager = train_step, variables, manager
+        self.run_steps, self.variables, self.manager = train_steps, variables, manager
         self.step, self.start_step, self.it, self.log = start_step, start_step, data_iter, log
         self.feature_size, self.explain = feature_size, explain
         self.predict = make_predict_fn(model)
         self._settle = settle_function(opt, rt)
+        self._stack, self._stack_len, self._at = None, 0, 0
 
     def settle(self) -> None:
         self._settle()
 
+    def _next_stack(self) -> bool:
+        """The next stack of batches from the input (False: the data ended)."""
+        import tensorflow as tf
+        try:
+            self._stack = next(self.it)
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            raise self.explain(e) from None
+        except StopIteration:
+            return False
+        first = tf.nest.flatten(self._stack)[0]
+        if isinstance(first, tf.distribute.DistributedValues):
+            first = first.values[0]     # every replica's stack holds as many batches
+        self._stack_len, self._at = int(first.shape[0]), 0
+        return True
+
     def train_steps(self, n: int, stop) -> StepStats:
+        import numpy as np
         import tensorflow as tf
         s = StepStats()
-        for _ in range(n):
-            if stop():
-                break
+        while s.steps < n and not stop():
             t0 = time.perf_counter()
-            try:
-                batch = next(self.it)
-            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-                raise self.explain(e) from None
-            except StopIteration:
+            if self._at >= self._stack_len and not self._next_stack():
                 s.data_ended = True
                 break
             t1 = time.perf_counter()
-            loss = float(self.train_step(batch))
+            # The first step alone: Horovod then starts every rank from rank 0's variables.
+            count = 1 if self.step == self.start_step else \
+                min(n - s.steps, self._stack_len - self._at)
+            losses = self.run_steps(self._stack, tf.constant(self._at), tf.constant(count)).numpy()
             t2 = time.perf_counter()
-            if not math.isfinite(loss):
-                s.nonfinite_step, s.loss_sum = self.step + 1, loss
-                break
+            self._at += len(losses)
             if self.step == self.start_step:
                 self.rt.after_first_step(self.variables)
-            self.step += 1
+            bad = np.flatnonzero(~np.isfinite(losses))
+            if bad.size:
+                s.nonfinite_step, s.loss_sum = self.step + int(bad[0]) + 1, float(losses[bad[0]])
+                break
+            self.step += len(losses)
             heartbeat.beat()
-            s.steps += 1
-            s.loss_sum += loss
+            s.steps += len(losses)
+            s.loss_sum += float(losses.sum())
             s.input_wait_s += t1 - t0
             s.compute_s += t2 - t1
         return s
@@ -95,7 +113,7 @@ class SyncTrainer(ChiefActions):
 def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     import tensorflow as tf
 
-    from .step import build_training
+    from .step import build_training, stacked_steps_function
     m, feature_size = check_data(cfg)
     global_batch = cfg.batch_size * rt.replicas
     if cfg.input_mode == "Pipe":
@@ -128,9 +146,10 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     tf.random.set_seed(cfg.seed)
     lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
     with rt.scope():
-        model, opt, train_step, variables = build_training(
+        model, opt, replica_step, variables = build_training(
             model_config(cfg, feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer, lr, rt,
-            optimizer_params=optimizer_params(cfg))
+            compile_step=False, optimizer_params=optimizer_params(cfg))
+    train_steps = stacked_steps_function(replica_step, rt)
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
     heartbeat.beat(force=True)
     log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief)
@@ -143,8 +162,8 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     # Each reader seeds its shuffle differently; resuming skips the batches already consumed.
     data = rt.distribute(lambda: training_dataset(
         cfg, m, cfg.batch_size, start_step * rt.replicas // max(1, rt.readers),
-        cfg.seed + 1000 * rt.reader_index))
-    trainer = SyncTrainer(cfg, rt, model, opt, train_step, variables, manager, start_step,
+        cfg.seed + 1000 * rt.reader_index, stack=rt.steps_per_call(cfg.steps_per_execution)))
+    trainer = SyncTrainer(cfg, rt, model, opt, train_steps, variables, manager, start_step,
                           iter(data), log, feature_size,
                           lambda e: train_read_error(e, cfg, m, feature_size))
     outcome = Controller(trainer, schedule, log, global_batch=global_batch,
