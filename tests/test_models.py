@@ -431,6 +431,23 @@ def test_bench_train_measures_the_model_named_and_deepctrs(data, tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_train_takes_each_runs_ratio_to_the_dense_limit_beside_it(data, tmp_path):
+    """Repeats go round the variants, each run's dense limit measured right after it: the
+    ratio is the median of the runs' own ratios (the VM's speed drifts between runs)."""
+    import statistics
+    (tmp_path / "v.yaml").write_text("a: {}\nb: {steps_per_execution: 1}\n")
+    run_cli("bench", "train", "--data", data / "train", "--variants", tmp_path / "v.yaml",
+            "--steps", 20, "--warmup", 5, "--repeats", 2, "--work-dir", tmp_path / "w",
+            "--json", tmp_path / "b.json")
+    b = json.loads((tmp_path / "b.json").read_text())
+    for v in b["variants"].values():
+        assert len(v["runs"]) == len(v["dense_limit_runs"]) == 2
+        assert v["ratio_runs"] == [r / d for r, d in zip(v["runs"], v["dense_limit_runs"])]
+        assert v["ratio_to_dense_limit"] == statistics.median(v["ratio_runs"])
+    assert b["variants"]["b"]["settings"] == {"steps_per_execution": 1}
+
+
+@pytest.mark.slow
 def test_bench_profile_profiles_the_model_named(data, tmp_path):
     """`bench profile --model`: that model's step, op by op (DCN-v2's cross layers' matmuls
     among its ops); a setting the model does not read is refused by name."""

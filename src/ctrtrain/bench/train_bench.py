@@ -6,7 +6,9 @@ is: deepfm and wide_deep).
 Every measured run is a fresh process (thread pools are fixed when TensorFlow starts, and
 peak RSS is per process). A run trains warm-up steps, then measured steps; the figure is the
 median over repeats of examples/s across the measured steps, with the share of step time
-spent waiting for input (input-bound %) reported separately from compute.
+spent waiting for input (input-bound %) reported separately from compute. Repeats go round
+the variants (one run of each per round), and the ratio to the dense limit is the median of
+each run's ratio to the dense limit measured right after it.
 """
 
 from __future__ import annotations
@@ -292,18 +294,32 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     out = {"machine": describe_machine(), "data": str(data), "config": {**REFERENCE, "rows": rows,
            "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats,
            "model": model}, **sparsity, "variants": {}}
+    # Repeats go round the variants, each run with its dense limit measured beside it: this
+    # VM's speed drifts by tens of percent over minutes, which a variant's runs made in a row
+    # would take for its own (the dense limit moved from 150k to 230k ex/s between variants
+    # of one invocation).
+    trained = {name: [] for name in variants}
+    dense_of = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, over in variants.items():
+            run = {**base, **over}
+            trained[name].append(_run_worker("train", run))
+            if run["model"] in DENSE_LIMIT_MODELS:
+                dense_of[name].append(_run_worker("dense", {**run, "steps": 200, "warmup": 20}))
     for name, over in variants.items():
         run = {**base, **over}
-        runs = [_run_worker("train", run) for _ in range(repeats)]
+        runs = trained[name]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         med.update(model=run["model"], runs=[r["examples_per_s"] for r in runs], settings=over)
         limit = "dense limit: DeepFM's MLP, not this model's part"
         if run["model"] in DENSE_LIMIT_MODELS:
-            dense = [_run_worker("dense", {**run, "steps": 200, "warmup": 20})
-                     for _ in range(repeats)]
+            dense = dense_of[name]
             dense_med = statistics.median(d["examples_per_s"] for d in dense)
+            # The ratio of each run to the dense limit measured next to it, then the median.
+            ratios = [r["examples_per_s"] / d["examples_per_s"] for r, d in zip(runs, dense)]
             med.update(dense_limit_examples_per_s=dense_med,
-                       ratio_to_dense_limit=med["examples_per_s"] / dense_med)
+                       dense_limit_runs=[d["examples_per_s"] for d in dense],
+                       ratio_runs=ratios, ratio_to_dense_limit=statistics.median(ratios))
             limit = (f"dense limit {dense_med:>9,.0f} ex/s  ratio "
                      f"{med['ratio_to_dense_limit']:.2f}")
         out["variants"][name] = med
