@@ -13,8 +13,8 @@ serialized batches is how a resumed run returns to the data position it stopped 
 paying for parsing; prefetch last so the next batch is ready while the model steps.
 Why blocks: tf.data pays about a microsecond per element in every transformation it passes;
 moving records 16 at a time through the interleave, the shuffle and the batching took the
-pipeline from ~2.8 to ~1.7 ms of CPU a batch of 1,024 (scripts/input_cpu.py), CPU the training
-step shares. The cost: a batch is 64 runs of 16 consecutive records of a file, drawn from a
+pipeline from 2.4-3.2 to 1.6-1.75 ms of CPU a batch of 1,024 (scripts/input_cpu.py), CPU the
+training step shares. The cost: a batch is 64 runs of 16 consecutive records of a file, drawn from a
 buffer of shuffle_buffer / 16 blocks, instead of 1,024 records drawn one by one
 (docs/benchmarks.md measures the quality either way; `read_block=1` is the record-by-record
 pipeline).
