@@ -99,11 +99,12 @@ bool LookupVar(OpKernelContext* ctx, int input, tensorflow::core::RefCountPtr<Va
 }
 
 // Every row index in [0, limit), else an error naming the first that is not.
-bool CheckRows(OpKernelContext* ctx, const int64_t* rows, int64_t n, int64_t limit,
+template <typename Index>
+bool CheckRows(OpKernelContext* ctx, const Index* rows, int64_t n, int64_t limit,
                const char* what) {
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0 || rows[i] >= limit) {
-      ctx->SetStatus(InvalidArgument(what, " index ", rows[i], " at position ", i,
+      ctx->SetStatus(InvalidArgument(what, " index ", rows[i], " at ", i,
                                      " is outside [0, ", limit, ")"));
       return false;
     }
@@ -220,10 +221,7 @@ class ScaledGather : public OpKernel {
     OP_REQUIRES(ctx, values.NumElements() == n,
                 InvalidArgument("values has ", values.NumElements(), " elements, where has ", n));
     const Tidx* w = where.flat<Tidx>().data();
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(ctx, w[i] >= 0 && w[i] < rows,
-                  InvalidArgument("where index ", w[i], " at ", i, " is outside [0, ", rows, ")"));
-    }
+    if (!CheckRows(ctx, w, n, rows, "where")) return;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, width}), &out));
     const float* p = params.flat<float>().data();
