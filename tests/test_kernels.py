@@ -90,6 +90,39 @@ def test_the_fm_terms_and_their_gradient_are_tensorflows(first_order):
         np.testing.assert_allclose(f, r, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.7])
+def test_dropout_in_one_pass_drops_and_scales_as_tensorflows(rate):
+    """The fused dropout against tf.nn.dropout on the same input: the share dropped and the
+    scale of what is kept, no pattern between neighbours (4 elements share a 64-bit draw);
+    the same seed the same mask, another seed another; its gradient the same mask."""
+    from ctrtrain.models import blocks
+    x = tf.constant(np.random.default_rng(2).uniform(1, 2, (1000, 997)).astype(np.float32))
+    seed = tf.constant([3, 4], tf.int64)
+    fused = kernels.dropout(x, rate, seed).numpy()
+    ours, theirs = fused == 0, tf.nn.dropout(x, rate=rate).numpy() == 0
+    n = x.shape[0] * x.shape[1]
+    five_sigma = 5 * np.sqrt(rate * (1 - rate) / n)
+    assert abs(ours.mean() - rate) < five_sigma and abs(theirs.mean() - rate) < five_sigma
+    np.testing.assert_allclose(fused[~ours], x.numpy()[~ours] / (1 - rate), rtol=1e-6)
+    for a, b in ((ours[:, :-1], ours[:, 1:]), (ours[:, :-4], ours[:, 4:])):
+        assert abs((a & b).mean() - rate**2) < 5 * np.sqrt(rate**2 * (1 - rate**2) / a.size)
+    np.testing.assert_array_equal(kernels.dropout(x, rate, seed).numpy(), fused)
+    other = kernels.dropout(x, rate, tf.constant([3, 5], tf.int64)).numpy() == 0
+    assert abs((ours & other).mean() - rate**2) < five_sigma
+    up = tf.constant(np.random.default_rng(3).normal(size=x.shape).astype(np.float32))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(kernels.dropout(x, rate, seed) * up)
+    np.testing.assert_allclose(tape.gradient(loss, x).numpy(),
+                               np.where(ours, 0, up.numpy() / (1 - rate)), rtol=1e-6)
+    # The MLP's dropout: the kernel where it runs, TensorFlow's op elsewhere.
+    for on, op in ((True, "CtrDropout"), (False, "RandomUniform")):
+        kernels.set_enabled(on)
+        graph = tf.function(lambda h: blocks.dropout(h, rate)).get_concrete_function(x).graph
+        kernels.set_enabled(True)
+        assert op in {o.type for o in graph.get_operations()}
+
+
 def test_an_index_outside_the_rows_is_refused_by_name():
     params = tf.zeros([5, 3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="where index 7 at 2 is outside"):

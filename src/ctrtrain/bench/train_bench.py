@@ -178,13 +178,16 @@ def _train_worker(p: dict) -> dict:
 
 
 def _dense_worker(p: dict) -> dict:
-    """The MLP alone (same shapes, same optimizer, no embeddings, no input pipeline). The
-    backward includes the gradient with respect to the MLP's input: in DeepFM that input is
-    the trainable embeddings, so that matmul is part of the MLP's cost."""
+    """The MLP alone (same shapes, same optimizer, the model's MLP's dropout, no embeddings, no
+    input pipeline). The backward includes the gradient with respect to the MLP's input: in
+    DeepFM that input is the trainable embeddings, so that matmul is part of the MLP's cost."""
     from ..train.threads import ThreadConfig, apply_threads
     apply_threads(ThreadConfig(**p.get("threads", {})))
     import tensorflow as tf
+    from .. import kernels
+    from ..models.blocks import dropout
     from ..models.engine.optimizers import make_optimizer
+    kernels.set_enabled(p.get("fused_kernels", True))    # a variant's fused_kernels: false
     width = p["field_size"] * p["embedding_size"]
     dims = [width] + list(p["deep_layers"]) + [1]
     glorot = tf.initializers.GlorotUniform(seed=0)
@@ -205,7 +208,7 @@ def _dense_worker(p: dict) -> dict:
                 if i < len(kernels) - 1:
                     h = tf.nn.relu(h)
                     if p.get("dropout"):
-                        h = tf.nn.dropout(h, rate=p["dropout"])
+                        h = dropout(h, p["dropout"])
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
                 labels=y, logits=tf.cast(h[:, 0], tf.float32)))
         grads = tape.gradient(loss, variables + [x])

@@ -155,6 +155,18 @@ def adam_catchup_apply(var, moments, last_step, rows, grad, caught, step, lr, be
         beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
 
 
+def dropout(x, rate: float, seed):
+    """tf.nn.dropout(x, rate) for float32 x, its mask drawn from `seed` (int64 [2], a new
+    pair each step) in the same pass; the rate held to the nearest 1/65536 (ctr_kernels.cc)."""
+    return _lib.ctr_dropout(x=x, seed=seed, rate=rate)
+
+
+@tf.RegisterGradient("CtrDropout")
+def _dropout_grad(op, grad):
+    # The same mask (the same seed and indices), the same scale: dropout is linear in x.
+    return _lib.ctr_dropout(x=grad, seed=op.inputs[1], rate=op.get_attr("rate")), None
+
+
 tf.no_gradient("CtrUnique")
 tf.no_gradient("CtrFmGrad")
 tf.no_gradient("CtrAdamCatchupRead")

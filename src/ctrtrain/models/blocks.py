@@ -33,6 +33,16 @@ def first_and_fm(block, first_order: bool = True):
     return summed[:, 0], 0.5 * tf.reduce_sum(square_of_sum[:, 1:], 1)
 
 
+def dropout(h, rate: float, fused: bool = True):
+    """tf.nn.dropout(h, rate): in one pass each way where the fused kernels run (float32, not
+    inside an XLA cluster: `fused` False), its mask drawn from a seed pair that a stateful op
+    draws each step as tf.nn.dropout's own random op does (same global-seed behaviour)."""
+    if fused and h.dtype == tf.float32 and kernels.usable_here():
+        seed = tf.random.uniform([2], maxval=tf.int64.max, dtype=tf.int64)
+        return kernels.dropout(h, rate, seed)
+    return tf.nn.dropout(h, rate=rate)
+
+
 def first_order(block):
     """sum_f w_f x_f [B] of a block whose column 0 is the first-order weight."""
     return tf.reduce_sum(block, 1)[:, 0]
@@ -82,6 +92,7 @@ class MLP(tf.Module):
                 self.bn.append(BatchNorm(n, name=f"bn_{i}"))
             width = n
         # XLA only here: the sparse part has dynamic shapes.
+        self.xla = xla
         self._run = tf.function(self._eager, jit_compile=True) if xla else self._eager
 
     def variables_to_update(self):
@@ -108,7 +119,7 @@ class MLP(tf.Module):
                 h = tf.nn.relu(h)
                 rate = self.rates[i]
                 if training and rate > 0:
-                    h = tf.nn.dropout(h, rate=rate)
+                    h = dropout(h, rate, fused=not self.xla)
         return tf.cast(h, tf.float32)
 
 
