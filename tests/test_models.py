@@ -516,21 +516,26 @@ def test_dlrm_reads_declared_numeric_fields_through_its_bottom_mlp(tmp_path):
 
 
 @pytest.mark.slow
-def test_movielens_100k_example_makes_real_histories(tmp_path):
-    """examples/movielens_100k.py: MovieLens-100K from the package index (RecBole's wheel),
-    every rating a row in time order, split 80/10/10 by time; each row's history is the
-    user's earlier clicks (ratings >= 4), the most recent first cut, sharing item_id's ids."""
+@pytest.mark.parametrize("which, sizes", [("100k", [80_000, 10_000, 10_000]),
+                                          ("1m", [800_167, 100_021, 100_021])])
+def test_movielens_example_makes_real_histories(tmp_path, which, sizes):
+    """examples/movielens.py: MovieLens-100K and -1M from the package index (RecBole's wheel,
+    scikit-rec's source archive), every rating a row in time order, split 80/10/10 by time;
+    each row's history is the user's earlier clicks (ratings >= 4), the most recent first
+    cut, sharing item_id's ids."""
     import subprocess
     import sys
 
     import pandas as pd
     root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, str(root / "examples" / "movielens_100k.py"), str(tmp_path),
-                    "--history", "5"], check=True, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, str(root / "examples" / "movielens.py"), str(tmp_path),
+                    "--set", which, "--history", "5"], check=True, capture_output=True,
+                   timeout=900)
     parts = {s: pd.read_csv(tmp_path / f"{s}.csv", dtype=str, keep_default_na=False)
              for s in ("train", "valid", "test")}
-    assert [len(p) for p in parts.values()] == [80_000, 10_000, 10_000]
+    assert [len(p) for p in parts.values()] == sizes
     d = pd.concat(parts.values(), ignore_index=True)
+    assert (d.release_year != "").mean() > 0.99 and d.genres.str.len().min() > 0
     clicked: dict[str, list[str]] = {}
     for user, item, rating, hist in zip(d.user_id, d.item_id, d.rating, d.hist_item_id):
         before = clicked.setdefault(user, [])
@@ -538,6 +543,6 @@ def test_movielens_100k_example_makes_real_histories(tmp_path):
         if int(rating) >= 4:
             before.append(item)
     m = json.loads((tmp_path / "train" / "manifest.json").read_text())
-    assert m["records"] == 80_000 and m["fields"][-1]["name"] == "hist_item_id"
+    assert m["records"] == sizes[0] and m["fields"][-1]["name"] == "hist_item_id"
     vocab = json.loads((tmp_path / "train" / "vocab.json").read_text())
     assert vocab["schema"]["shared"] == {"hist_item_id": "item_id"}
