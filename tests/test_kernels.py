@@ -123,6 +123,53 @@ def test_dropout_in_one_pass_drops_and_scales_as_tensorflows(rate):
         assert op in {o.type for o in graph.get_operations()}
 
 
+def _bag_features(rng, batch=300):
+    """Two single fields and three bags (5 columns mean, 3 sum, 4 sqrtn) as the data holds
+    them: ids left-aligned, -1 padding, some bags empty, one example's mean bag weighted 0."""
+    ids = rng.zipf(1.3, (batch, 2)) % 400
+    bag_ids = np.where(rng.random((batch, 12)) < 0.6, rng.zipf(1.2, (batch, 12)) % 400, -1)
+    bag_ids = np.array([sorted(r, key=lambda i: i < 0) for r in bag_ids])   # padding last
+    bag_ids[0, :5] = -1                                                       # an empty bag
+    weights = np.where(bag_ids >= 0, rng.uniform(0.1, 2.0, bag_ids.shape), 0.0)
+    weights[1, :5] = 0.0                                                      # weights sum to 0
+    return {"ids": tf.constant(ids, tf.int64), "values": tf.ones([batch, 2]),
+            "bag_ids": tf.constant(bag_ids, tf.int64),
+            "bag_weights": tf.constant(weights, tf.float32)}
+
+
+def test_the_bags_pooled_and_their_gradient_are_tensorflows():
+    """The pooled bags (sum, mean, sqrtn in one batch; empty bags and a zero divisor) and the
+    table's gradient through them, with the kernels and with TensorFlow's ops; the unpooled
+    rows DIN reads are the same either way."""
+    from ctrtrain.models.engine.tables import EmbeddingTable
+    cfg = ModelConfig(feature_size=400, field_size=5, embedding_size=8,
+                      bags=((5, "mean"), (3, "sum"), (4, "sqrtn")))
+    table = EmbeddingTable(cfg, first_order=True)
+    features = _bag_features(np.random.default_rng(4))
+    up = tf.constant(np.random.default_rng(5).normal(size=(300, 5, 9)).astype(np.float32))
+
+    def pooled_and_grad(fused):
+        kernels.set_enabled(fused)
+        with tf.GradientTape() as tape:
+            embedded = table(features)
+            loss = tf.reduce_sum(embedded.block * up)
+        kernels.set_enabled(True)
+        rows, held = embedded.bag_rows(2)
+        grad = tf.convert_to_tensor(tape.gradient(loss, table.table))
+        return embedded.block.numpy(), grad.numpy(), rows.numpy(), held.numpy()
+
+    fused, reference = pooled_and_grad(True), pooled_and_grad(False)
+    assert np.abs(reference[0][:, 2:]).sum(-1).min() == 0            # the zero bags are there
+    np.testing.assert_allclose(fused[0], reference[0], rtol=1e-5, atol=1e-7)
+    # Rows summed from many terms: float32 precision relative to the largest of them.
+    np.testing.assert_allclose(fused[1], reference[1], rtol=1e-5,
+                               atol=1e-6 * np.abs(reference[1]).max())
+    np.testing.assert_array_equal(fused[2], reference[2])
+    np.testing.assert_array_equal(fused[3], reference[3])
+    graph = tf.function(lambda f: table(f).block).get_concrete_function(features).graph
+    assert "CtrBagPool" in {o.type for o in graph.get_operations()}
+
+
 def test_an_index_outside_the_rows_is_refused_by_name():
     params = tf.zeros([5, 3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="where index 7 at 2 is outside"):

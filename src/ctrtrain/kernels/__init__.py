@@ -91,6 +91,29 @@ def _scaled_gather_grad(op, grad):
     return d_params, None, d_values
 
 
+POOLINGS = {"sum": 0, "mean": 1, "sqrtn": 2}
+
+
+def bag_pool(rows, where, held, weights, bag_of_column, poolings):
+    """[B, bags, W]: each bag's held ids' rows (`rows[where[v]]`, `held[v]` its (example,
+    column) in weights [B, C]) times their weights, pooled as `poolings` says (per bag: sum,
+    mean, sqrtn); `bag_of_column` the bag of each column (tables.py EmbeddingTable._pooled)."""
+    pooled, _ = _lib.ctr_bag_pool(rows=rows, where=where, held=held, weights=weights,
+                                  bag_of_column=list(bag_of_column),
+                                  poolings=[POOLINGS[p] for p in poolings])
+    return pooled
+
+
+@tf.RegisterGradient("CtrBagPool")
+def _bag_pool_grad(op, d_pooled, _d_denom):
+    rows, where, held, weights = op.inputs
+    d_rows = _lib.ctr_bag_pool_grad(grad=d_pooled, where=where, held=held, weights=weights,
+                                    denom=op.outputs[1],
+                                    num_rows=tf.shape(rows, out_type=tf.int64)[0],
+                                    bag_of_column=op.get_attr("bag_of_column"))
+    return d_rows, None, None, None     # the weights are data
+
+
 def fm(block, first_order: bool):
     """(first-order sum [B] or None, FM's second-order term [B]) of a float32 block
     [B, F, W] (models/blocks.py first_and_fm)."""
@@ -169,6 +192,7 @@ def _dropout_grad(op, grad):
 
 tf.no_gradient("CtrUnique")
 tf.no_gradient("CtrFmGrad")
+tf.no_gradient("CtrBagPoolGrad")
 tf.no_gradient("CtrAdamCatchupRead")
 tf.no_gradient("CtrAdamCatchupApply")
 tf.no_gradient("CtrScaledSegmentSum")

@@ -7,6 +7,7 @@
 //   CtrUnique            a batch's distinct ids and where each id is among them (tf.unique)
 //   CtrScaledGather      out[n] = params[where[n]] * values[n]      (the block of a batch)
 //   CtrScaledSegmentSum  out[u] = sum_{where[n] = u} grad[n] * values[n]   (its gradient)
+//   CtrBagPool(Grad)     each bag's rows weighted and pooled (sum, mean, sqrtn), and its gradient
 //   CtrFm, CtrFmGrad     the FM's first- and second-order terms of the block, and their gradient
 //   CtrAdamCatchupRead   the catch-up of Adam's skipped steps for the rows about to be read
 //                        (optimizers.py Adam._decayed_math, _AdamDrift, Adam._idle_l2)
@@ -300,6 +301,194 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("CtrScaledSegmentSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tidx"),
     ScaledSegmentSum<int64_t>);
+
+// ---------------------------------------------------------------------------------------------
+// Bags (multi_hot and sequence fields; tables.py EmbeddingTable._pooled): each bag's held ids'
+// rows times their weights, summed, divided by the weights' sum (mean) or the root of their
+// squares' sum (sqrtn), 0 for a bag whose divisor is 0 -- in one pass over the held ids instead
+// of a GatherNd, a Gather, a Mul, three UnsortedSegmentSums and divide_no_nan (whose gradient
+// alone is five ops). The gradient goes straight to the distinct rows the ids were read from.
+//
+// held [V, 2] is each held id's (example, column) in bag_ids [B, C]; where [V] its row among
+// the distinct rows; bag_of_column[c] the bag column c belongs to; poolings[j] bag j's pooling
+// (0 sum, 1 mean, 2 sqrtn). Sums run in the order of the held ids, as UnsortedSegmentSum's do.
+
+REGISTER_OP("CtrBagPool")
+    .Input("rows: float")       // [U, W] the batch's distinct rows
+    .Input("where: int32")      // [V]
+    .Input("held: int64")       // [V, 2]
+    .Input("weights: float")    // [B, C]
+    .Output("pooled: float")    // [B, bags, W]
+    .Output("denom: float")     // [B, bags] what each bag's sum was divided by (1 for sum)
+    .Attr("bag_of_column: list(int)")
+    .Attr("poolings: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle rows, weights;
+      std::vector<int32_t> poolings;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &weights));
+      TF_RETURN_IF_ERROR(c->GetAttr("poolings", &poolings));
+      const int64_t bags = static_cast<int64_t>(poolings.size());
+      c->set_output(0, c->MakeShape({c->Dim(weights, 0), bags, c->Dim(rows, 1)}));
+      c->set_output(1, c->MakeShape({c->Dim(weights, 0), bags}));
+      return absl::OkStatus();
+    });
+
+// Reads and checks the attributes and the held ids both bag kernels share.
+class BagKernel : public OpKernel {
+ public:
+  explicit BagKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bag_of_column", &bag_of_column_));
+  }
+
+ protected:
+  // Every held (example, column) inside [B, C] and every where inside [0, rows).
+  bool CheckHeld(OpKernelContext* ctx, const Tensor& held, const Tensor& where, int64_t batch,
+                 int64_t columns, int64_t rows) {
+    if (columns != static_cast<int64_t>(bag_of_column_.size())) {
+      ctx->SetStatus(InvalidArgument("the bags have ", bag_of_column_.size(),
+                                     " columns, their weights ", columns));
+      return false;
+    }
+    const int64_t n = where.NumElements();
+    if (held.dim_size(0) != n || held.dim_size(1) != 2) {
+      ctx->SetStatus(InvalidArgument("held is ", held.shape().DebugString(), ", where has ", n,
+                                     " elements"));
+      return false;
+    }
+    const int64_t* h = held.flat<int64_t>().data();
+    for (int64_t v = 0; v < n; ++v) {
+      if (h[2 * v] < 0 || h[2 * v] >= batch || h[2 * v + 1] < 0 || h[2 * v + 1] >= columns) {
+        ctx->SetStatus(InvalidArgument("held id ", v, " at (", h[2 * v], ", ", h[2 * v + 1],
+                                       ") is outside [", batch, ", ", columns, "]"));
+        return false;
+      }
+    }
+    return CheckRows(ctx, where.flat<int32_t>().data(), n, rows, "where");
+  }
+
+  std::vector<int32_t> bag_of_column_;
+};
+
+class BagPool : public BagKernel {
+ public:
+  explicit BagPool(OpKernelConstruction* ctx) : BagKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("poolings", &poolings_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows_t = ctx->input(0);
+    const Tensor& where_t = ctx->input(1);
+    const Tensor& held_t = ctx->input(2);
+    const Tensor& weights_t = ctx->input(3);
+    const int64_t width = rows_t.dim_size(1), batch = weights_t.dim_size(0);
+    const int64_t columns = weights_t.dim_size(1), bags = poolings_.size();
+    if (!CheckHeld(ctx, held_t, where_t, batch, columns, rows_t.dim_size(0))) return;
+    Tensor *pooled_t = nullptr, *denom_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, bags, width}), &pooled_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, bags}), &denom_t));
+    const float* rows = rows_t.flat<float>().data();
+    const int32_t* where = where_t.flat<int32_t>().data();
+    const int64_t* held = held_t.flat<int64_t>().data();
+    const float* weights = weights_t.flat<float>().data();
+    float* pooled = pooled_t->flat<float>().data();
+    float* denom = denom_t->flat<float>().data();
+    const int64_t n = where_t.NumElements();
+    std::fill(pooled, pooled + batch * bags * width, 0.0f);
+    // The divisors: the weights' sum (mean) or their squares' (sqrtn), 1 for sum.
+    bool divides = false;
+    for (int32_t p : poolings_) divides |= p != 0;
+    std::vector<float> sums(divides ? batch * bags : 0, 0.0f);
+    for (int64_t v = 0; v < n; ++v) {
+      const int64_t b = held[2 * v], c = held[2 * v + 1];
+      const float w = weights[b * columns + c];
+      const int64_t s = b * bags + bag_of_column_[c];
+      if (divides) sums[s] += poolings_[bag_of_column_[c]] == 2 ? w * w : w;
+      AddScaled(pooled + s * width, rows + static_cast<int64_t>(where[v]) * width, w, width);
+    }
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t j = 0; j < bags; ++j) {
+        const int64_t s = b * bags + j;
+        const int32_t p = poolings_[j];
+        denom[s] = p == 0 ? 1.0f : (p == 1 ? sums[s] : std::sqrt(sums[s]));
+        if (p == 0) continue;
+        float* out = pooled + s * width;
+        for (int64_t k = 0; k < width; ++k) out[k] = DivNoNan(out[k], denom[s]);
+      }
+    }
+  }
+
+ private:
+  static void AddScaled(float* __restrict dst, const float* __restrict src, float w,
+                        int64_t width) {
+    for (int64_t k = 0; k < width; ++k) dst[k] += src[k] * w;
+  }
+
+  std::vector<int32_t> poolings_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrBagPool").Device(DEVICE_CPU), BagPool);
+
+REGISTER_OP("CtrBagPoolGrad")
+    .Input("grad: float")       // [B, bags, W] the pooled bags' gradient
+    .Input("where: int32")
+    .Input("held: int64")
+    .Input("weights: float")
+    .Input("denom: float")      // CtrBagPool's
+    .Input("num_rows: int64")
+    .Output("d_rows: float")    // [num_rows, W]
+    .Attr("bag_of_column: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle grad;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &grad));
+      c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(grad, 2)));
+      return absl::OkStatus();
+    });
+
+// d rows[where[v]] += divide_no_nan(grad[bag of v], denom[bag of v]) * weight[v], in the order
+// of v: what TensorFlow's gradients of divide_no_nan, the Mul and the Gather sum to.
+class BagPoolGrad : public BagKernel {
+ public:
+  using BagKernel::BagKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad_t = ctx->input(0);
+    const Tensor& where_t = ctx->input(1);
+    const Tensor& held_t = ctx->input(2);
+    const Tensor& weights_t = ctx->input(3);
+    const Tensor& denom_t = ctx->input(4);
+    const int64_t rows = ctx->input(5).scalar<int64_t>()();
+    const int64_t batch = grad_t.dim_size(0), bags = grad_t.dim_size(1);
+    const int64_t width = grad_t.dim_size(2), columns = weights_t.dim_size(1);
+    OP_REQUIRES(ctx, weights_t.dim_size(0) == batch && denom_t.NumElements() == batch * bags,
+                InvalidArgument("grad, weights and denom disagree on the batch"));
+    if (!CheckHeld(ctx, held_t, where_t, batch, columns, rows)) return;
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, width}), &out_t));
+    const float* grad = grad_t.flat<float>().data();
+    const int32_t* where = where_t.flat<int32_t>().data();
+    const int64_t* held = held_t.flat<int64_t>().data();
+    const float* weights = weights_t.flat<float>().data();
+    const float* denom = denom_t.flat<float>().data();
+    float* out = out_t->flat<float>().data();
+    std::fill(out, out + rows * width, 0.0f);
+    for (int64_t v = 0, n = where_t.NumElements(); v < n; ++v) {
+      const int64_t b = held[2 * v], c = held[2 * v + 1];
+      const int64_t s = b * bags + bag_of_column_[c];
+      if (denom[s] == 0.0f) continue;      // divide_no_nan's zero
+      AddQuotient(out + static_cast<int64_t>(where[v]) * width, grad + s * width, denom[s],
+                  weights[b * columns + c], width);
+    }
+  }
+
+ private:
+  static void AddQuotient(float* __restrict dst, const float* __restrict g, float d, float w,
+                          int64_t width) {
+    for (int64_t k = 0; k < width; ++k) dst[k] += g[k] / d * w;
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrBagPoolGrad").Device(DEVICE_CPU), BagPoolGrad);
 
 // ---------------------------------------------------------------------------------------------
 // The factorization machine's terms of a block [B, F, W] (blocks.py first_and_fm): the sum of

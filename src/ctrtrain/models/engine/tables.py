@@ -43,7 +43,9 @@ class Embedded:
     def __init__(self, block, first_order: bool, numeric=None, numeric_at: int = 0, bags=None):
         self.block, self.first_order = block, first_order
         self.numeric, self.numeric_at = numeric, numeric_at
-        self._bags = bags   # (bag_ids [B, C], held [V, 2], held_rows [V, width], (max_len, ...))
+        # (bag_ids [B, C], held [V, 2], the distinct rows [U, width], each held id's row
+        #  among them [V], (max_len, ...))
+        self._bags = bags
 
     def categorical(self):
         """[B, F - n, width]: the block without the numeric fields' slots (for a model that
@@ -67,8 +69,9 @@ class Embedded:
         row holds fewer than L ids (held False there). For a model that weighs a history's
         items itself (DIN's attention) instead of reading the declared pooling. The rows are
         the ones the pooled slot was made of, so their gradients reach the same table rows."""
-        bag_ids, held, held_rows, lengths = self._bags
+        bag_ids, held, table_rows, where_held, lengths = self._bags
         start, length = sum(lengths[:j]), lengths[j]
+        held_rows = tf.gather(table_rows, where_held)
         every = tf.scatter_nd(held, held_rows, tf.concat(
             [tf.shape(bag_ids, out_type=tf.int64), tf.constant([held_rows.shape[1]], tf.int64)], 0))
         return every[:, start:start + length], bag_ids[:, start:start + length] >= 0
@@ -94,8 +97,8 @@ class EmbeddingTable(tf.Module):
             init = lambda: init_v([rows, k])  # noqa: E731
         self.table = tf.Variable(init, name="fm_table", shape=(rows, self.width), dtype=tf.float32)
         # The bag (multi_hot or sequence field) each column of bag_ids belongs to.
-        self.bag_of_column = tf.constant(
-            [j for j, (max_len, _) in enumerate(cfg.bags) for _ in range(max_len)], tf.int64)
+        self.bag_of_column = tuple(j for j, (max_len, _) in enumerate(cfg.bags)
+                                   for _ in range(max_len))
 
     @property
     def variables_to_update(self):
@@ -145,10 +148,15 @@ class EmbeddingTable(tf.Module):
                       * tf.expand_dims(values, -1))                    # [B, S, width]
         bags = None
         if cfg.bags:
-            held_rows = tf.gather(table_rows, where[n_single:])
-            scaled = tf.concat([scaled, self._pooled(features["bag_weights"], held, held_rows,
-                                                     batch)], 1)
-            bags = (bag_ids, held, held_rows, tuple(max_len for max_len, _ in cfg.bags))
+            where_held, weights = where[n_single:], features["bag_weights"]
+            if fused and weights.dtype == tf.float32:     # one pass, and a fused gradient
+                pooled = kernels.bag_pool(table_rows, where_held, held, weights,
+                                          self.bag_of_column, [p for _, p in cfg.bags])
+            else:
+                pooled = self._pooled(weights, held, tf.gather(table_rows, where_held), batch)
+            scaled = tf.concat([scaled, pooled], 1)
+            bags = (bag_ids, held, table_rows, where_held,
+                    tuple(max_len for max_len, _ in cfg.bags))
         return Embedded(scaled, self.first_order,
                         features["numeric"] if cfg.numeric_fields else None, numeric_at, bags)
 
@@ -157,7 +165,8 @@ class EmbeddingTable(tf.Module):
         weighted and pooled as the field declares."""
         n_bags = len(self.cfg.bags)
         w = tf.gather_nd(bag_weights, held)                               # [V]
-        segment = held[:, 0] * n_bags + tf.gather(self.bag_of_column, held[:, 1])
+        segment = held[:, 0] * n_bags + tf.gather(tf.constant(self.bag_of_column, tf.int64),
+                                                   held[:, 1])
         pooled = tf.math.unsorted_segment_sum(held_rows * w[:, None], segment, batch * n_bags)
         poolings = [p for _, p in self.cfg.bags]
         if any(p != "sum" for p in poolings):
