@@ -170,6 +170,43 @@ def test_the_bags_pooled_and_their_gradient_are_tensorflows():
     assert "CtrBagPool" in {o.type for o in graph.get_operations()}
 
 
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("held_share", [0.6, 0.0])
+def test_dice_and_its_gradient_are_tensorflows(training, held_share):
+    """DIN's Dice in one op each way against its TensorFlow ops: the output, the moving
+    averages it moves, and the gradient of s (through the batch's mean and var in training)
+    and of alpha; a batch with no held item (every statistic 0) too."""
+    from ctrtrain.models.blocks import Dice
+    rng = np.random.default_rng(6)
+    s = tf.constant(rng.normal(0.3, 2.0, (3000, 40)).astype(np.float32))
+    mask = tf.constant((rng.random(3000) < held_share).astype(np.float32))
+    up = tf.constant(rng.normal(size=(3000, 40)).astype(np.float32))
+
+    def run(fused):
+        dice = Dice(40)
+        dice.alpha.assign(rng.uniform(-0.5, 0.5, 40).astype(np.float32))
+        dice.mean.assign(np.linspace(-1, 1, 40).astype(np.float32))
+        dice.var.assign(np.linspace(0.5, 3, 40).astype(np.float32))
+        kernels.set_enabled(fused)
+        with tf.GradientTape() as tape:
+            tape.watch(s)
+            loss = tf.reduce_sum(dice(s, mask, training) * up)
+        kernels.set_enabled(True)
+        d_s, d_alpha = tape.gradient(loss, [s, dice.alpha])
+        return [x.numpy() for x in (loss, d_s, d_alpha, dice.mean, dice.var)]
+
+    rng_state = rng.bit_generator.state
+    fused = run(True)
+    rng.bit_generator.state = rng_state     # the same alpha for both
+    reference = run(False)
+    for f, r in zip(fused, reference):
+        np.testing.assert_allclose(f, r, rtol=2e-5, atol=1e-5 * max(1.0, np.abs(r).max()))
+    assert np.abs(fused[1]).max() > 0
+    dice = Dice(40)
+    graph = tf.function(lambda x: dice(x, mask, training)).get_concrete_function(s).graph
+    assert "CtrDice" in {o.type for o in graph.get_operations()}
+
+
 def test_an_index_outside_the_rows_is_refused_by_name():
     params = tf.zeros([5, 3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="where index 7 at 2 is outside"):

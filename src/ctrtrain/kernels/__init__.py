@@ -178,6 +178,23 @@ def adam_catchup_apply(var, moments, last_step, rows, grad, caught, step, lr, be
         beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
 
 
+def dice(s, mask, alpha, moving_mean, moving_var, training: bool, eps: float):
+    """(out, mean, var): models/blocks.py Dice on s [N, units], mask [N]; mean and var the
+    batch's (training) or the moving ones given (inference)."""
+    return _lib.ctr_dice(s=s, mask=mask, alpha=alpha, moving_mean=moving_mean,
+                         moving_var=moving_var, training=training, eps=eps)
+
+
+@tf.RegisterGradient("CtrDice")
+def _dice_grad(op, d_out, _d_mean, _d_var):
+    # The mean and var outputs feed only the moving averages' assignments: no gradient.
+    s, mask, alpha = op.inputs[:3]
+    d_s, d_alpha = _lib.ctr_dice_grad(grad=d_out, s=s, mask=mask, alpha=alpha,
+                                      mean=op.outputs[1], var=op.outputs[2],
+                                      training=op.get_attr("training"), eps=op.get_attr("eps"))
+    return d_s, None, d_alpha, None, None
+
+
 def dropout(x, rate: float, seed):
     """tf.nn.dropout(x, rate) for float32 x, its mask drawn from `seed` (int64 [2], a new
     pair each step) in the same pass; the rate held to the nearest 1/65536 (ctr_kernels.cc)."""
@@ -193,6 +210,7 @@ def _dropout_grad(op, grad):
 tf.no_gradient("CtrUnique")
 tf.no_gradient("CtrFmGrad")
 tf.no_gradient("CtrBagPoolGrad")
+tf.no_gradient("CtrDiceGrad")
 tf.no_gradient("CtrAdamCatchupRead")
 tf.no_gradient("CtrAdamCatchupApply")
 tf.no_gradient("CtrScaledSegmentSum")

@@ -164,7 +164,14 @@ class Dice(tf.Module):
         self.momentum, self.eps = momentum, eps
 
     def __call__(self, s, weights, training):
-        """s [N, units], weights [N] (1 held, 0 padding)."""
+        """s [N, units], weights [N] (1 held, 0 padding). In one op each way where the fused
+        kernels run (ctrtrain/kernels: some thirty element-wise ops otherwise)."""
+        if s.dtype == tf.float32 and kernels.usable_here():
+            out, mean, var = kernels.dice(s, weights, self.alpha, self.mean, self.var,
+                                          bool(training), self.eps)
+            if training:
+                update_moving(((self.mean, mean), (self.var, var)), self.momentum)
+            return out
         if training:
             w = weights[:, None]
             n = tf.reduce_sum(w)
