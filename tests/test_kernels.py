@@ -166,8 +166,19 @@ def test_the_bags_pooled_and_their_gradient_are_tensorflows():
                                atol=1e-6 * np.abs(reference[1]).max())
     np.testing.assert_array_equal(fused[2], reference[2])
     np.testing.assert_array_equal(fused[3], reference[3])
+    ids = features["bag_ids"].numpy()[:, 8:]                   # the third bag's columns
+    expected = np.where((ids >= 0)[..., None], table.table.numpy()[np.maximum(ids, 0)], 0)
+    np.testing.assert_array_equal(fused[2], expected)
+    np.testing.assert_array_equal(fused[3], ids >= 0)
     graph = tf.function(lambda f: table(f).block).get_concrete_function(features).graph
     assert "CtrBagPool" in {o.type for o in graph.get_operations()}
+    # The reads past the block (DIN's): a single field's rows, the block with a bag replaced.
+    embedded, x = table(features), tf.ones([300, 9])
+    block = embedded.block.numpy()
+    np.testing.assert_array_equal(embedded.field_row(1).numpy(), block[:, 1])
+    replaced = embedded.with_bag(1, x).numpy()
+    np.testing.assert_array_equal(replaced[:, 3], x.numpy())
+    np.testing.assert_array_equal(np.delete(replaced, 3, 1), np.delete(block, 3, 1))
 
 
 @pytest.mark.parametrize("training", [True, False])

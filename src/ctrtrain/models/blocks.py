@@ -211,11 +211,20 @@ class TargetAttention(tf.Module):
 
     def __call__(self, q, rows, held, training: bool = False):
         length, width = rows.shape[1], rows.shape[2]
-        q = tf.broadcast_to(q[:, None, :], tf.shape(rows))
-        h = tf.reshape(tf.concat([rows, q, rows - q, rows * q], 2), [-1, 4 * width])
+        # The first layer, [e, q, e - q, e * q] W = [e, e * q] [W_e + W_d; W_p] + q (W_q - W_d):
+        # the target's part once per example instead of once per item, half the per-item
+        # product (the same function; the variables stay the paper's W).
+        w_e, w_q, w_d, w_p = tf.split(self.kernels[0], 4, 0)
+        per_item = tf.matmul(tf.reshape(tf.concat([rows, rows * q[:, None, :]], 2),
+                                        [-1, 2 * width]), tf.concat([w_e + w_d, w_p], 0))
+        per_example = tf.matmul(q, w_q - w_d) + self.biases[0]
+        units = per_example.shape[1]
+        h = tf.reshape(tf.reshape(per_item, [-1, length, units]) + per_example[:, None, :],
+                       [-1, units])
         mask = tf.reshape(tf.cast(held, tf.float32), [-1])
         for i, (kern, b) in enumerate(zip(self.kernels, self.biases)):
-            h = tf.matmul(h, kern) + b
+            if i > 0:
+                h = tf.matmul(h, kern) + b
             if i < len(self.dice):
                 h = self.dice[i](h, mask, training)
         weights = tf.reshape(h[:, 0] * mask, [-1, length, 1])       # 0 for the padding

@@ -74,10 +74,8 @@ class DIN(CTRModel):
         return [self.attention, self.mlp]
 
     def terms(self, embedded, training):
-        block = embedded.block                                   # [B, F, k]
         rows, held = embedded.bag_rows(self.history)
-        interest = self.attention(block[:, self.target], rows, held, training)
-        slot = block.shape[1] - len(self.cfg.bags) + self.history
-        block = tf.concat([block[:, :slot], interest[:, None], block[:, slot + 1:]], 1)
+        interest = self.attention(embedded.field_row(self.target), rows, held, training)
+        block = embedded.with_bag(self.history, interest)         # [B, F, k]
         return [self.mlp(tf.reshape(block, [-1, block.shape[1] * block.shape[2]]),
                          training)[:, 0]]

@@ -38,14 +38,16 @@ class Embedded:
     """A batch's looked-up fields: `block` [B, F, width], each field's row times its value (a
     bag's pooled rows), fields in the data's order (single ids, numeric, bags); `numeric` the
     declared numeric fields' values [B, n] as the data holds them (None without any), whose
-    slots in the block start at `numeric_at`; `bags` the bags' ids unpooled (`bag_rows`)."""
+    slots in the block start at `numeric_at`. `lookup` (the table's _Lookup) lets a model read
+    past the block: a single field's rows, a bag's rows unpooled, the block with a bag's slot
+    replaced -- each straight from the batch's distinct rows, so that its gradient reaches them
+    in one pass, not through slices of the block."""
 
-    def __init__(self, block, first_order: bool, numeric=None, numeric_at: int = 0, bags=None):
+    def __init__(self, block, first_order: bool, numeric=None, numeric_at: int = 0,
+                 lookup=None):
         self.block, self.first_order = block, first_order
         self.numeric, self.numeric_at = numeric, numeric_at
-        # (bag_ids [B, C], held [V, 2], the distinct rows [U, width], each held id's row
-        #  among them [V], (max_len, ...))
-        self._bags = bags
+        self._lookup = lookup
 
     def categorical(self):
         """[B, F - n, width]: the block without the numeric fields' slots (for a model that
@@ -63,18 +65,53 @@ class Embedded:
         """[B, F * width]: the block as one row per example (an MLP's input)."""
         return tf.reshape(self.block, [-1, self.block.shape[1] * self.block.shape[2]])
 
+    def field_row(self, i: int):
+        """[B, width]: the i-th single field's row times its value (the block's slot i)."""
+        at = self._lookup
+        where = tf.reshape(at.where_single, [-1, at.values.shape[1]])[:, i]
+        return at.gather(where, at.values[:, i])
+
     def bag_rows(self, j: int):
         """(rows [B, L, width], held [B, L]) of the j-th bag (multi_hot or sequence field, in
         field order) unpooled: its ids' rows in the order the data holds them, zeros where a
         row holds fewer than L ids (held False there). For a model that weighs a history's
         items itself (DIN's attention) instead of reading the declared pooling. The rows are
         the ones the pooled slot was made of, so their gradients reach the same table rows."""
-        bag_ids, held, table_rows, where_held, lengths = self._bags
-        start, length = sum(lengths[:j]), lengths[j]
-        held_rows = tf.gather(table_rows, where_held)
-        every = tf.scatter_nd(held, held_rows, tf.concat(
-            [tf.shape(bag_ids, out_type=tf.int64), tf.constant([held_rows.shape[1]], tf.int64)], 0))
-        return every[:, start:start + length], bag_ids[:, start:start + length] >= 0
+        at = self._lookup
+        start, length = sum(at.lengths[:j]), at.lengths[j]
+        is_held = at.bag_ids[:, start:start + length] >= 0
+        # Each position's row among the distinct rows (-1 at the padding), then those rows
+        # times 1 (held) or 0.
+        where = tf.scatter_nd(at.held, at.where_held + 1, tf.shape(at.bag_ids, out_type=tf.int64))
+        where = tf.reshape(tf.maximum(where[:, start:start + length] - 1, 0), [-1])
+        rows = at.gather(where, tf.reshape(tf.cast(is_held, tf.float32), [-1]))
+        return tf.reshape(rows, [-1, length, at.table_rows.shape[1]]), is_held
+
+    def with_bag(self, j: int, x):
+        """[B, F, width]: the block with the j-th bag's slot holding x [B, width] instead of its
+        pooled rows (DIN's interest in place of the history)."""
+        at = self._lookup
+        pooled = tf.split(at.pooled, len(at.lengths), axis=1)
+        pooled[j] = x[:, None, :]
+        return tf.concat([at.single] + pooled, 1)
+
+
+class _Lookup:
+    """What the table's lookup of a batch made, for Embedded's reads past the block."""
+
+    def __init__(self, table_rows, where_single, values, single, fused: bool):
+        self.table_rows, self.where_single, self.values = table_rows, where_single, values
+        self.single, self.fused = single, fused     # single: [B, S, width] the single fields
+        # Bags: bag_ids [B, C], held [V, 2], where_held [V] (each held id's row among the
+        # distinct rows), lengths (max_len of each bag), pooled [B, bags, width].
+        self.bag_ids = self.held = self.where_held = self.pooled = None
+        self.lengths = ()
+
+    def gather(self, where, values):
+        """[N, width]: table_rows[where[n]] * values[n]."""
+        if self.fused and values.dtype == tf.float32:
+            return kernels.scaled_gather(self.table_rows, where, values)
+        return tf.gather(self.table_rows, where) * values[:, None]
 
 
 class EmbeddingTable(tf.Module):
@@ -146,7 +183,7 @@ class EmbeddingTable(tf.Module):
         else:
             scaled = (tf.reshape(tf.gather(table_rows, where_single), shape)
                       * tf.expand_dims(values, -1))                    # [B, S, width]
-        bags = None
+        lookup = _Lookup(table_rows, where_single, values, scaled, fused)
         if cfg.bags:
             where_held, weights = where[n_single:], features["bag_weights"]
             if fused and weights.dtype == tf.float32:     # one pass, and a fused gradient
@@ -155,10 +192,10 @@ class EmbeddingTable(tf.Module):
             else:
                 pooled = self._pooled(weights, held, tf.gather(table_rows, where_held), batch)
             scaled = tf.concat([scaled, pooled], 1)
-            bags = (bag_ids, held, table_rows, where_held,
-                    tuple(max_len for max_len, _ in cfg.bags))
+            lookup.bag_ids, lookup.held, lookup.where_held = bag_ids, held, where_held
+            lookup.pooled, lookup.lengths = pooled, tuple(max_len for max_len, _ in cfg.bags)
         return Embedded(scaled, self.first_order,
-                        features["numeric"] if cfg.numeric_fields else None, numeric_at, bags)
+                        features["numeric"] if cfg.numeric_fields else None, numeric_at, lookup)
 
     def _pooled(self, bag_weights, held, held_rows, batch):
         """[B, bags, width]: each bag's rows (one per held id, `held` its (row, column))
