@@ -218,6 +218,33 @@ def test_dice_and_its_gradient_are_tensorflows(training, held_share):
     assert "CtrDice" in {o.type for o in graph.get_operations()}
 
 
+@pytest.mark.parametrize("heads,size", [(2, 8), (3, 5)])
+def test_autoints_attention_and_its_gradient_are_tensorflows(heads, size):
+    """AutoInt's attention over 39 fields in one op each way against its TensorFlow ops
+    (transposes, batched matmuls, softmax): the layer's output and the gradients of its input
+    and of every projection."""
+    from ctrtrain.models.blocks import SelfAttention
+    rng = np.random.default_rng(7)
+    e = tf.constant(rng.normal(0, 0.5, (64, 39, 16)).astype(np.float32))
+    up = tf.constant(rng.normal(size=(64, 39, heads * size)).astype(np.float32))
+    layer = SelfAttention(16, heads, size, seed=3)
+
+    def run(fused):
+        kernels.set_enabled(fused)
+        with tf.GradientTape() as tape:
+            tape.watch(e)
+            loss = tf.reduce_sum(layer(e) * up)
+        kernels.set_enabled(True)
+        grads = tape.gradient(loss, [e] + layer.variables_to_update())
+        return [loss.numpy()] + [g.numpy() for g in grads]
+
+    fused, reference = run(True), run(False)
+    for f, r in zip(fused, reference):
+        np.testing.assert_allclose(f, r, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(r).max()))
+    graph = tf.function(layer).get_concrete_function(e).graph
+    assert "CtrFieldAttention" in {o.type for o in graph.get_operations()}
+
+
 def test_an_index_outside_the_rows_is_refused_by_name():
     params = tf.zeros([5, 3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="where index 7 at 2 is outside"):

@@ -195,6 +195,19 @@ def _dice_grad(op, d_out, _d_mean, _d_var):
     return d_s, None, d_alpha, None, None
 
 
+def field_attention(q, k, v, heads: int):
+    """[B, m, heads * size]: per example and head, softmax(Q K^T) V over the m fields (models/
+    blocks.py SelfAttention), from q, k, v [B, m, heads * size]."""
+    return _lib.ctr_field_attention(q=q, k=k, v=v, heads=heads)[0]
+
+
+@tf.RegisterGradient("CtrFieldAttention")
+def _field_attention_grad(op, d_out, _d_probs):
+    return _lib.ctr_field_attention_grad(d_out=d_out, q=op.inputs[0], k=op.inputs[1],
+                                         v=op.inputs[2], probs=op.outputs[1],
+                                         heads=op.get_attr("heads"))
+
+
 def dropout(x, rate: float, seed):
     """tf.nn.dropout(x, rate) for float32 x, its mask drawn from `seed` (int64 [2], a new
     pair each step) in the same pass; the rate held to the nearest 1/65536 (ctr_kernels.cc)."""
@@ -211,6 +224,7 @@ tf.no_gradient("CtrUnique")
 tf.no_gradient("CtrFmGrad")
 tf.no_gradient("CtrBagPoolGrad")
 tf.no_gradient("CtrDiceGrad")
+tf.no_gradient("CtrFieldAttentionGrad")
 tf.no_gradient("CtrAdamCatchupRead")
 tf.no_gradient("CtrAdamCatchupApply")
 tf.no_gradient("CtrScaledSegmentSum")

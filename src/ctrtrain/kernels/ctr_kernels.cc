@@ -13,6 +13,8 @@
 //                        (optimizers.py Adam._decayed_math, _AdamDrift, Adam._idle_l2)
 //   CtrAdamCatchupApply  Adam's step on those rows, in place (optimizers.py Adam._sparse)
 //   CtrDice(Grad)        DIN's Dice activation, batch statistics and all, and its gradient
+//   CtrFieldAttention(Grad)  AutoInt's softmax attention over the fields per head, and its
+//                        gradient
 //   CtrDropout           dropout with its mask drawn from a seed in the same pass (and its
 //                        gradient: the same op, the same seed, on the incoming gradient)
 //
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -117,6 +120,11 @@ bool CheckRows(OpKernelContext* ctx, const Index* rows, int64_t n, int64_t limit
 }
 
 float DivNoNan(float x, float y) { return y == 0.0f ? 0.0f : x / y; }
+
+// dst += src * w over n floats.
+inline void AddScaled(float* __restrict dst, const float* __restrict src, float w, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i] * w;
+}
 
 // A loop compiled also for AVX2 and AVX-512, the one for this CPU picked when the library
 // loads (gcc target_clones): the element-wise loops with Exp or 64-bit multiplies run 2-4x
@@ -429,11 +437,6 @@ class BagPool : public BagKernel {
   }
 
  private:
-  static void AddScaled(float* __restrict dst, const float* __restrict src, float w,
-                        int64_t width) {
-    for (int64_t k = 0; k < width; ++k) dst[k] += src[k] * w;
-  }
-
   std::vector<int32_t> poolings_;
 };
 
@@ -1146,7 +1149,7 @@ class Dice : public DiceKernel {
     if (training_) {
       const float n = Count(mask, rows);
       ColumnSums<1>(ctx, rows, units, [&](int64_t i, float* acc) {
-        AddScaledRow(acc, s + i * units, mask[i], units);
+        AddScaled(acc, s + i * units, mask[i], units);
       }, mean);
       for (int64_t j = 0; j < units; ++j) mean[j] = DivNoNan(mean[j], n);
       ColumnSums<1>(ctx, rows, units, [&](int64_t i, float* acc) {
@@ -1167,10 +1170,6 @@ class Dice : public DiceKernel {
   }
 
  private:
-  static void AddScaledRow(float* __restrict acc, const float* __restrict s, float w,
-                           int64_t units) {
-    for (int64_t j = 0; j < units; ++j) acc[j] += s[j] * w;
-  }
   static void AddSquaredRow(float* __restrict acc, const float* __restrict s,
                             const float* __restrict mean, float w, int64_t units) {
     for (int64_t j = 0; j < units; ++j) acc[j] += (s[j] - mean[j]) * (s[j] - mean[j]) * w;
@@ -1266,6 +1265,275 @@ class DiceGrad : public DiceKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrDiceGrad").Device(DEVICE_CPU), DiceGrad);
+
+// ---------------------------------------------------------------------------------------------
+// AutoInt's multi-head self-attention over the fields (models/blocks.py SelfAttention): per
+// example and head, P = softmax(Q K^T) over the m fields and out = P V, with q, k, v [B, m,
+// heads * size] as the projections give them. TensorFlow runs it as transposes, two batched
+// matmuls of B x heads tiny [m, size] matrices, a softmax and their gradients. Here 16
+// examples are computed side by side, one per vector lane (a head's [m, size] = [39, 8] is
+// too small to fill vectors along its own axes), each group's blocks copied to lane-minor
+// scratch first. P is kept for the gradient, in the groups' layout [B/16, heads, m, m, 16]:
+//   dV = P^T dO,  dP = dO V^T,  dS = P (dP - rowsum(P dP)),  dQ = dS K,  dK = dS^T Q.
+
+constexpr int64_t kLanes = 16;
+
+int64_t Groups(int64_t batch) { return (batch + kLanes - 1) / kLanes; }
+
+REGISTER_OP("CtrFieldAttention")
+    .Input("q: float")        // [B, m, heads * size]
+    .Input("k: float")
+    .Input("v: float")
+    .Output("out: float")     // [B, m, heads * size]
+    .Output("probs: float")   // [B/16 rounded up, heads, m, m, 16], for the gradient
+    .Attr("heads: int")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle q;
+      int heads;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &q));
+      TF_RETURN_IF_ERROR(c->GetAttr("heads", &heads));
+      c->set_output(0, q);
+      c->set_output(1, c->MakeShape({c->UnknownDim(), heads, c->Dim(q, 1), c->Dim(q, 1),
+                                     kLanes}));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("CtrFieldAttentionGrad")
+    .Input("d_out: float")
+    .Input("q: float")
+    .Input("k: float")
+    .Input("v: float")
+    .Input("probs: float")
+    .Output("d_q: float")
+    .Output("d_k: float")
+    .Output("d_v: float")
+    .Attr("heads: int")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->input(1));
+      return absl::OkStatus();
+    });
+
+// A group's head block [m, size] of x (examples b0.. b0 + lanes, rows `width` apart, the head
+// at column h0) to lane-minor scratch [m][size][16], zeros in the lanes past the batch; and back.
+void ToLanes(const float* x, int64_t b0, int64_t lanes, int64_t m, int64_t width, int64_t h0,
+             int64_t size, float* out) {
+  std::fill(out, out + m * size * kLanes, 0.0f);
+  for (int64_t l = 0; l < lanes; ++l) {
+    const float* src = x + (b0 + l) * m * width + h0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < size; ++c) out[(i * size + c) * kLanes + l] = src[i * width + c];
+  }
+}
+
+void FromLanes(const float* in, int64_t b0, int64_t lanes, int64_t m, int64_t width, int64_t h0,
+               int64_t size, float* x) {
+  for (int64_t l = 0; l < lanes; ++l) {
+    float* dst = x + (b0 + l) * m * width + h0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < size; ++c) dst[i * width + c] = in[(i * size + c) * kLanes + l];
+  }
+}
+
+// One group's head, lane-minor: Q, K, V, O [m][size][16], P [m][m][16].
+CTR_CLONES
+void AttendLanes(const float* __restrict Q, const float* __restrict K, const float* __restrict V,
+                 float* __restrict O, float* __restrict P, int64_t m, int64_t size) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = P + i * m * kLanes;
+    float top[kLanes], total[kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) top[l] = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < m; ++j) {
+      float s[kLanes] = {};
+      for (int64_t c = 0; c < size; ++c) {
+        const float* qc = Q + (i * size + c) * kLanes;
+        const float* kc = K + (j * size + c) * kLanes;
+        for (int64_t l = 0; l < kLanes; ++l) s[l] += qc[l] * kc[l];
+      }
+      for (int64_t l = 0; l < kLanes; ++l) {
+        row[j * kLanes + l] = s[l];
+        top[l] = std::max(top[l], s[l]);
+      }
+    }
+    for (int64_t l = 0; l < kLanes; ++l) total[l] = 0.0f;
+    for (int64_t j = 0; j < m; ++j) {
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const float e = Exp(row[j * kLanes + l] - top[l]);
+        row[j * kLanes + l] = e;
+        total[l] += e;
+      }
+    }
+    for (int64_t l = 0; l < kLanes; ++l) total[l] = 1.0f / total[l];
+    float* o = O + i * size * kLanes;
+    std::fill(o, o + size * kLanes, 0.0f);
+    for (int64_t j = 0; j < m; ++j) {
+      float* pj = row + j * kLanes;
+      for (int64_t l = 0; l < kLanes; ++l) pj[l] *= total[l];
+      for (int64_t c = 0; c < size; ++c) {
+        const float* vc = V + (j * size + c) * kLanes;
+        float* oc = o + c * kLanes;
+        for (int64_t l = 0; l < kLanes; ++l) oc[l] += pj[l] * vc[l];
+      }
+    }
+  }
+}
+
+// Its gradient: dO, Q, K, V, P as above; dQ, dK, dV [m][size][16] written; dS scratch [m][16].
+CTR_CLONES
+void AttendLanesGrad(const float* __restrict dO, const float* __restrict Q,
+                     const float* __restrict K, const float* __restrict V,
+                     const float* __restrict P, float* __restrict dQ, float* __restrict dK,
+                     float* __restrict dV, float* __restrict dS, int64_t m, int64_t size) {
+  std::fill(dQ, dQ + m * size * kLanes, 0.0f);
+  std::fill(dK, dK + m * size * kLanes, 0.0f);
+  std::fill(dV, dV + m * size * kLanes, 0.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    const float* row = P + i * m * kLanes;
+    float weighted[kLanes] = {};
+    for (int64_t j = 0; j < m; ++j) {             // dP_ij = dO_i . V_j
+      float d[kLanes] = {};
+      for (int64_t c = 0; c < size; ++c) {
+        const float* oc = dO + (i * size + c) * kLanes;
+        const float* vc = V + (j * size + c) * kLanes;
+        for (int64_t l = 0; l < kLanes; ++l) d[l] += oc[l] * vc[l];
+      }
+      for (int64_t l = 0; l < kLanes; ++l) {
+        dS[j * kLanes + l] = d[l];
+        weighted[l] += row[j * kLanes + l] * d[l];
+      }
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const float* pj = row + j * kLanes;
+      float* sj = dS + j * kLanes;
+      for (int64_t l = 0; l < kLanes; ++l) sj[l] = pj[l] * (sj[l] - weighted[l]);
+      for (int64_t c = 0; c < size; ++c) {
+        const int64_t ic = (i * size + c) * kLanes, jc = (j * size + c) * kLanes;
+        for (int64_t l = 0; l < kLanes; ++l) {
+          dQ[ic + l] += sj[l] * K[jc + l];
+          dK[jc + l] += sj[l] * Q[ic + l];
+          dV[jc + l] += pj[l] * dO[ic + l];
+        }
+      }
+    }
+  }
+}
+
+class FieldAttentionKernel : public OpKernel {
+ public:
+  explicit FieldAttentionKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("heads", &heads_));
+  }
+
+ protected:
+  // q, k and v (from `first` on) all [B, m, heads * size] with heads dividing the last.
+  bool CheckShapes(OpKernelContext* ctx, int first) {
+    const Tensor& q = ctx->input(first);
+    if (q.dims() != 3 || heads_ <= 0 || q.dim_size(2) % heads_ != 0) {
+      ctx->SetStatus(InvalidArgument("field attention: q is ", q.shape().DebugString(),
+                                     ", not [B, m, heads * size] for ", heads_, " heads"));
+      return false;
+    }
+    for (int i = first + 1; i < first + 3; ++i) {
+      if (ctx->input(i).shape() != q.shape()) {
+        ctx->SetStatus(InvalidArgument("field attention: q is ", q.shape().DebugString(),
+                                       ", input ", i, " ", ctx->input(i).shape().DebugString()));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  int heads_;
+};
+
+class FieldAttention : public FieldAttentionKernel {
+ public:
+  using FieldAttentionKernel::FieldAttentionKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    if (!CheckShapes(ctx, 0)) return;
+    const Tensor& q_t = ctx->input(0);
+    const int64_t batch = q_t.dim_size(0), m = q_t.dim_size(1), width = q_t.dim_size(2);
+    const int64_t heads = heads_, size = width / heads, groups = Groups(batch);
+    Tensor *out_t = nullptr, *probs_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, q_t.shape(), &out_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({groups, heads, m, m, kLanes}),
+                                             &probs_t));
+    const float* q = q_t.flat<float>().data();
+    const float* k = ctx->input(1).flat<float>().data();
+    const float* v = ctx->input(2).flat<float>().data();
+    float* out = out_t->flat<float>().data();
+    float* probs = probs_t->flat<float>().data();
+    const int64_t block = m * size * kLanes;
+    ParallelRows(ctx, groups, 4 * kLanes * heads * m * m * size, [&](int64_t lo, int64_t hi) {
+      std::vector<float> scratch(4 * block);
+      float *Q = scratch.data(), *K = Q + block, *V = K + block, *O = V + block;
+      for (int64_t g = lo; g < hi; ++g) {
+        const int64_t b0 = g * kLanes, lanes = std::min(kLanes, batch - b0);
+        for (int64_t h = 0; h < heads; ++h) {
+          ToLanes(q, b0, lanes, m, width, h * size, size, Q);
+          ToLanes(k, b0, lanes, m, width, h * size, size, K);
+          ToLanes(v, b0, lanes, m, width, h * size, size, V);
+          AttendLanes(Q, K, V, O, probs + (g * heads + h) * m * m * kLanes, m, size);
+          FromLanes(O, b0, lanes, m, width, h * size, size, out);
+        }
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrFieldAttention").Device(DEVICE_CPU), FieldAttention);
+
+class FieldAttentionGrad : public FieldAttentionKernel {
+ public:
+  using FieldAttentionKernel::FieldAttentionKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    if (!CheckShapes(ctx, 1)) return;
+    const Tensor& q_t = ctx->input(1);
+    OP_REQUIRES(ctx, ctx->input(0).shape() == q_t.shape(),
+                InvalidArgument("field attention: d_out and q differ in shape"));
+    const int64_t batch = q_t.dim_size(0), m = q_t.dim_size(1), width = q_t.dim_size(2);
+    const int64_t heads = heads_, size = width / heads, groups = Groups(batch);
+    OP_REQUIRES(ctx, ctx->input(4).NumElements() == groups * heads * m * m * kLanes,
+                InvalidArgument("field attention: probs has ", ctx->input(4).NumElements(),
+                                " elements"));
+    Tensor *dq_t = nullptr, *dk_t = nullptr, *dv_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, q_t.shape(), &dq_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, q_t.shape(), &dk_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, q_t.shape(), &dv_t));
+    const float* d_out = ctx->input(0).flat<float>().data();
+    const float* q = q_t.flat<float>().data();
+    const float* k = ctx->input(2).flat<float>().data();
+    const float* v = ctx->input(3).flat<float>().data();
+    const float* probs = ctx->input(4).flat<float>().data();
+    float* dq = dq_t->flat<float>().data();
+    float* dk = dk_t->flat<float>().data();
+    float* dv = dv_t->flat<float>().data();
+    const int64_t block = m * size * kLanes;
+    ParallelRows(ctx, groups, 8 * kLanes * heads * m * m * size, [&](int64_t lo, int64_t hi) {
+      std::vector<float> scratch(7 * block + m * kLanes);
+      float *dO = scratch.data(), *Q = dO + block, *K = Q + block, *V = K + block;
+      float *dQ = V + block, *dK = dQ + block, *dV = dK + block, *dS = dV + block;
+      for (int64_t g = lo; g < hi; ++g) {
+        const int64_t b0 = g * kLanes, lanes = std::min(kLanes, batch - b0);
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t h0 = h * size;
+          ToLanes(d_out, b0, lanes, m, width, h0, size, dO);
+          ToLanes(q, b0, lanes, m, width, h0, size, Q);
+          ToLanes(k, b0, lanes, m, width, h0, size, K);
+          ToLanes(v, b0, lanes, m, width, h0, size, V);
+          AttendLanesGrad(dO, Q, K, V, probs + (g * heads + h) * m * m * kLanes, dQ, dK, dV,
+                          dS, m, size);
+          FromLanes(dQ, b0, lanes, m, width, h0, size, dq);
+          FromLanes(dK, b0, lanes, m, width, h0, size, dk);
+          FromLanes(dV, b0, lanes, m, width, h0, size, dv);
+        }
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrFieldAttentionGrad").Device(DEVICE_CPU), FieldAttentionGrad);
 
 // ---------------------------------------------------------------------------------------------
 // Dropout: out = x / (1 - rate) where kept, 0 elsewhere, each element kept with probability

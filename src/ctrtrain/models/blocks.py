@@ -345,14 +345,17 @@ class SelfAttention(tf.Module):
 
     def __call__(self, e):
         m = e.shape[1]
-
-        def heads(w):   # [B, m, heads * size] -> [B, heads, m, size]
-            return tf.transpose(tf.reshape(tf.einsum("bmi,io->bmo", e, w),
-                                           [-1, m, self.heads, self.size]), [0, 2, 1, 3])
-        q, k, v = heads(self.query), heads(self.key), heads(self.value)
-        attention = tf.nn.softmax(tf.matmul(q, k, transpose_b=True))          # [B, h, m, m]
-        out = tf.reshape(tf.transpose(tf.matmul(attention, v), [0, 2, 1, 3]),
-                         [-1, m, self.heads * self.size])
+        q, k, v = (tf.einsum("bmi,io->bmo", e, w) for w in (self.query, self.key, self.value))
+        if e.dtype == tf.float32 and kernels.usable_here():
+            # Each (example, head) in one pass, forward and back: TensorFlow's batched
+            # matmuls of B x heads tiny matrices, transposes and softmax cost more.
+            out = kernels.field_attention(q, k, v, self.heads)
+        else:
+            def heads(x):   # [B, m, heads * size] -> [B, heads, m, size]
+                return tf.transpose(tf.reshape(x, [-1, m, self.heads, self.size]), [0, 2, 1, 3])
+            attention = tf.nn.softmax(tf.matmul(heads(q), heads(k), transpose_b=True))
+            out = tf.reshape(tf.transpose(tf.matmul(attention, heads(v)), [0, 2, 1, 3]),
+                             [-1, m, self.heads * self.size])                # [B, m, h size]
         if self.residual is not None:
             out = out + tf.einsum("bmi,io->bmo", e, self.residual)
         return tf.nn.relu(out)
