@@ -137,6 +137,17 @@ def _bag_features(rng, batch=300):
             "bag_weights": tf.constant(weights, tf.float32)}
 
 
+@pytest.mark.parametrize("bag_ids", [
+    _bag_features(np.random.default_rng(8))["bag_ids"].numpy(),
+    np.full((3, 4), -1, np.int64),                  # nothing held
+    np.zeros((0, 5), np.int64)])                    # no rows
+def test_the_held_bag_ids_are_tf_wheres(bag_ids):
+    held, ids = kernels.held(tf.constant(bag_ids, tf.int64))
+    where = tf.where(bag_ids >= 0)
+    np.testing.assert_array_equal(held.numpy().reshape(-1, 2), where.numpy())
+    np.testing.assert_array_equal(ids.numpy(), tf.gather_nd(bag_ids, where).numpy())
+
+
 def test_the_bags_pooled_and_their_gradient_are_tensorflows():
     """The pooled bags (sum, mean, sqrtn in one batch; empty bags and a zero divisor) and the
     table's gradient through them, with the kernels and with TensorFlow's ops; the unpooled

@@ -91,6 +91,13 @@ def _scaled_gather_grad(op, grad):
     return d_params, None, d_values
 
 
+def held(bag_ids):
+    """(held [V, 2], ids [V]): the (example, column) of every id of bag_ids [B, C] that is
+    not padding (-1), in row-major order, and those ids: tf.where(bag_ids >= 0) and a
+    GatherNd in one pass."""
+    return _lib.ctr_held(bag_ids=bag_ids)
+
+
 POOLINGS = {"sum": 0, "mean": 1, "sqrtn": 2}
 
 
@@ -221,6 +228,7 @@ def _dropout_grad(op, grad):
 
 
 tf.no_gradient("CtrUnique")
+tf.no_gradient("CtrHeld")
 tf.no_gradient("CtrFmGrad")
 tf.no_gradient("CtrBagPoolGrad")
 tf.no_gradient("CtrDiceGrad")

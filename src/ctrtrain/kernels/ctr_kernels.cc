@@ -7,6 +7,7 @@
 //   CtrUnique            a batch's distinct ids and where each id is among them (tf.unique)
 //   CtrScaledGather      out[n] = params[where[n]] * values[n]      (the block of a batch)
 //   CtrScaledSegmentSum  out[u] = sum_{where[n] = u} grad[n] * values[n]   (its gradient)
+//   CtrHeld              a batch's bag ids without their padding, and where each is
 //   CtrBagPool(Grad)     each bag's rows weighted and pooled (sum, mean, sqrtn), and its gradient
 //   CtrFm, CtrFmGrad     the FM's first- and second-order terms of the block, and their gradient
 //   CtrAdamCatchupRead   the catch-up of Adam's skipped steps for the rows about to be read
@@ -330,6 +331,46 @@ REGISTER_KERNEL_BUILDER(
 // held [V, 2] is each held id's (example, column) in bag_ids [B, C]; where [V] its row among
 // the distinct rows; bag_of_column[c] the bag column c belongs to; poolings[j] bag j's pooling
 // (0 sum, 1 mean, 2 sqrtn). Sums run in the order of the held ids, as UnsortedSegmentSum's do.
+
+// The held ids of bag_ids [B, C] (-1 the padding): their (example, column) in row-major
+// order and the ids, as tf.where(bag_ids >= 0) and a GatherNd give them, in one pass.
+REGISTER_OP("CtrHeld")
+    .Input("bag_ids: int64")    // [B, C]
+    .Output("held: int64")      // [V, 2]
+    .Output("ids: int64")       // [V]
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &ids));
+      c->set_output(0, c->Matrix(c->UnknownDim(), 2));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    });
+
+class Held : public OpKernel {
+ public:
+  explicit Held(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids_t = ctx->input(0);
+    const int64_t columns = ids_t.dim_size(1), n = ids_t.NumElements();
+    const int64_t* ids = ids_t.flat<int64_t>().data();
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i) count += ids[i] >= 0;
+    Tensor *held_t = nullptr, *out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({count, 2}), &held_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({count}), &out_t));
+    int64_t* held = held_t->flat<int64_t>().data();
+    int64_t* out = out_t->flat<int64_t>().data();
+    for (int64_t i = 0, v = 0; i < n; ++i) {
+      if (ids[i] < 0) continue;
+      held[2 * v] = i / columns;
+      held[2 * v + 1] = i % columns;
+      out[v++] = ids[i];
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrHeld").Device(DEVICE_CPU), Held);
 
 REGISTER_OP("CtrBagPool")
     .Input("rows: float")       // [U, W] the batch's distinct rows

@@ -159,13 +159,17 @@ class EmbeddingTable(tf.Module):
             ids = tf.concat([ids, tf.zeros_like(numeric, ids.dtype) + rows_of_numeric], 1)
             values = tf.concat([values, numeric], 1)
         single = tf.reshape(ids, [-1])
+        fused = kernels.usable_here()
         if cfg.bags:
             bag_ids = features["bag_ids"]
-            held = tf.where(bag_ids >= 0)                                 # [V, 2] (row, column)
-            lookup = tf.concat([single, tf.gather_nd(bag_ids, held)], 0)
+            if fused and bag_ids.dtype == tf.int64:
+                held, held_ids = kernels.held(bag_ids)
+            else:
+                held = tf.where(bag_ids >= 0)                             # [V, 2] (row, column)
+                held_ids = tf.gather_nd(bag_ids, held)
+            lookup = tf.concat([single, held_ids], 0)
         else:
             lookup = single
-        fused = kernels.usable_here()
         distinct, where = (kernels.unique(lookup) if fused and lookup.dtype == tf.int64
                            else tf.unique(lookup))
         table_rows = (read_rows(self.table, distinct) if read_rows is not None    # [U, width]
