@@ -1319,7 +1319,7 @@ REGISTER_KERNEL_BUILDER(Name("CtrDiceGrad").Device(DEVICE_CPU), DiceGrad);
 
 constexpr int64_t kLanes = 16;
 
-int64_t Groups(int64_t batch) { return (batch + kLanes - 1) / kLanes; }
+int64_t LaneGroups(int64_t batch) { return (batch + kLanes - 1) / kLanes; }
 
 REGISTER_OP("CtrFieldAttention")
     .Input("q: float")        // [B, m, heads * size]
@@ -1494,7 +1494,7 @@ class FieldAttention : public FieldAttentionKernel {
     if (!CheckShapes(ctx, 0)) return;
     const Tensor& q_t = ctx->input(0);
     const int64_t batch = q_t.dim_size(0), m = q_t.dim_size(1), width = q_t.dim_size(2);
-    const int64_t heads = heads_, size = width / heads, groups = Groups(batch);
+    const int64_t heads = heads_, size = width / heads, groups = LaneGroups(batch);
     Tensor *out_t = nullptr, *probs_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, q_t.shape(), &out_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({groups, heads, m, m, kLanes}),
@@ -1534,7 +1534,7 @@ class FieldAttentionGrad : public FieldAttentionKernel {
     OP_REQUIRES(ctx, ctx->input(0).shape() == q_t.shape(),
                 InvalidArgument("field attention: d_out and q differ in shape"));
     const int64_t batch = q_t.dim_size(0), m = q_t.dim_size(1), width = q_t.dim_size(2);
-    const int64_t heads = heads_, size = width / heads, groups = Groups(batch);
+    const int64_t heads = heads_, size = width / heads, groups = LaneGroups(batch);
     OP_REQUIRES(ctx, ctx->input(4).NumElements() == groups * heads * m * m * kLanes,
                 InvalidArgument("field attention: probs has ", ctx->input(4).NumElements(),
                                 " elements"));

@@ -213,9 +213,9 @@ class EmbeddingTable(tf.Module):
         if any(p != "sum" for p in poolings):
             wsum = tf.math.unsorted_segment_sum(w, segment, batch * n_bags)
             sqsum = tf.math.unsorted_segment_sum(tf.square(w), segment, batch * n_bags)
-            norm = {"sum": None, "mean": 0, "sqrtn": 1}
-            by_bag = tf.constant([norm[p] if norm[p] is not None else -1 for p in poolings])
+            by_bag = tf.constant([kernels.POOLINGS[p] for p in poolings])   # the kernel's codes
             kind = tf.tile(by_bag, tf.reshape(tf.cast(batch, tf.int32), [1]))
-            denom = tf.where(kind == 0, wsum, tf.where(kind == 1, tf.sqrt(sqsum), 1.0))
+            denom = tf.where(kind == kernels.POOLINGS["mean"], wsum,
+                             tf.where(kind == kernels.POOLINGS["sqrtn"], tf.sqrt(sqsum), 1.0))
             pooled = tf.math.divide_no_nan(pooled, denom[:, None])
         return tf.reshape(pooled, [-1, n_bags, self.width])
