@@ -4,8 +4,12 @@ true click probabilities, which `data synth` knows): LR on data whose logit is l
 ids; FM, Wide & Deep, DCN-v2, xDeepFM, AutoInt and DLRM on data with the hidden FM's pairwise
 crosses (the interactions FM's term, DCN-v2's first cross layer x0 * (W x0), the CIN's first
 layer and AutoInt's attention products are made of); DIN on data whose history (the last 10
-of up to 20 ids) meets the candidate through the same pairwise term. DeepFM's run is
-test_train.py's."""
+of up to 20 ids) meets the candidate through the same pairwise term. Two structures that a
+model without the block cannot reach, each shown by a model that falls short on it: crosses
+of three fields (DCN-v2's second cross layer, the CIN's second layer; FM's pairwise term
+stays > 0.01 away), and a history whose items count by their relevance to the candidate
+(DIN's attention; DeepFM's mean-pooled history stays > 0.015 away). DeepFM's run on the
+pairwise crosses is test_train.py's."""
 
 import pytest
 
@@ -14,6 +18,7 @@ from ctrtrain.data.synth import SynthConfig, synthesize, synthesize_tfrecord
 pytestmark = pytest.mark.slow
 
 ROWS, FEATURES = 300_000, 5_000     # test_train.py's: 240,000 training rows
+RELEVANCE_ROWS = 600_000
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +35,31 @@ def history(tmp_path_factory):
     """(split dirs, info): declared fields, 13 numeric, 26 categorical and one sequence."""
     root = tmp_path_factory.mktemp("synth-history") / "data"
     info = synthesize(root, SynthConfig(rows=ROWS, feature_size=FEATURES, sequence_fields=1),
+                      processes=2)
+    return root, info
+
+
+@pytest.fixture(scope="module")
+def crosses3(tmp_path_factory):
+    """(split dirs, info): 9 categorical fields (a MovieLens-like layout: fewer fields make
+    fewer triples, each learnable from the rows) whose logit has a third-order part beside
+    the linear and pairwise ones; 800,000 training rows."""
+    root = tmp_path_factory.mktemp("synth-cross3")
+    info = synthesize_tfrecord(root, SynthConfig(rows=1_000_000, feature_size=FEATURES,
+                                                 numeric_fields=0, categorical_fields=9,
+                                                 cross3_std=0.8),
+                               shards={"train": 4}, processes=2)
+    return root / "tf", info
+
+
+@pytest.fixture(scope="module")
+def relevance(tmp_path_factory):
+    """(split dirs, info): a history whose items add max(0, <q_C1, q_item>) each (relevance to
+    the candidate C1) beside a linear part; no pairwise part, so the history's structure is
+    what there is to learn."""
+    root = tmp_path_factory.mktemp("synth-relevance") / "data"
+    info = synthesize(root, SynthConfig(rows=RELEVANCE_ROWS, feature_size=FEATURES,
+                                        sequence_fields=1, fm_std=0.0, attention_std=0.8),
                       processes=2)
     return root, info
 
@@ -61,3 +91,20 @@ def test_each_model_on_pairwise_crosses(synth_data, tmp_path, model, options):
 
 def test_din_on_a_history_that_meets_the_candidate(history, tmp_path):
     assert -0.005 < gap_to_bayes(*history, tmp_path, "din", din_target="C1") < 0.01
+
+
+@pytest.mark.parametrize("model,options", [("dcn_v2", {}), ("xdeepfm", {"cin_layers": (32, 32)})])
+def test_cross_models_on_third_order_crosses(crosses3, tmp_path, model, options):
+    assert -0.005 < gap_to_bayes(*crosses3, tmp_path, model, **options) < 0.01
+
+
+def test_pairwise_fm_falls_short_of_third_order_crosses(crosses3, tmp_path):
+    assert gap_to_bayes(*crosses3, tmp_path, "fm", epochs=2) > 0.01
+
+
+def test_din_on_a_history_weighed_by_the_candidate(relevance, tmp_path):
+    assert -0.005 < gap_to_bayes(*relevance, tmp_path, "din", epochs=2, din_target="C1") < 0.01
+
+
+def test_mean_pooled_history_falls_short_of_candidate_relevance(relevance, tmp_path):
+    assert gap_to_bayes(*relevance, tmp_path, "deepfm", epochs=3) > 0.015

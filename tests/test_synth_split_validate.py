@@ -1,4 +1,5 @@
 
+import dataclasses
 import json
 
 import pytest
@@ -35,6 +36,49 @@ def test_synth_is_deterministic_and_reports_the_true_bayes_auc(tmp_path):
     assert abs(roc_auc(rows.labels, p) - a["splits"]["test"]["bayes_auc"]) < 1e-12
     assert 0.65 < a["splits"]["test"]["bayes_auc"] < 0.95
     assert 0.15 < a["splits"]["train"]["positive_rate"] < 0.35
+
+
+def test_synth_third_order_and_history_parts_are_what_they_say(tmp_path):
+    """The third-order part is the sum over triples of categorical fields, the history part each history's
+    summed relevance to the candidate (C1), both checked by brute force on sampled rows; each
+    part's share of the logit has the configured std; the rest of the hidden model is the same
+    without them."""
+    import itertools
+
+    import numpy as np
+
+    from ctrtrain.data.synth import _anova3
+    vx = np.random.default_rng(0).normal(size=(3, 6, 2))
+    brute = [sum((vx[r, i] * vx[r, j] * vx[r, m]).sum()
+                 for i, j, m in itertools.combinations(range(6), 3)) for r in range(3)]
+    assert np.allclose(_anova3(vx), brute)
+
+    cfg = SynthConfig(rows=100, feature_size=3000, numeric_fields=2, categorical_fields=4,
+                      sequence_fields=1, sequence_len=3, cross3_std=0.5, attention_std=0.7)
+    m = HiddenModel(cfg)
+    ids, values, bags = m.sample_features(np.random.default_rng(1), 4000)
+    lin, fm, cross3, attention = m._parts(ids, values, bags)
+    rows = range(5)
+    assert np.allclose(cross3[:5], [
+        sum((m.t[ids[r, i]] * m.t[ids[r, j]] * m.t[ids[r, k]]).sum()
+            for i, j, k in itertools.combinations(range(2, 6), 3)) for r in rows])
+    lengths, history = bags[0]
+    ends = np.cumsum(lengths)
+    for r in rows:
+        kept = history[ends[r] - lengths[r]:ends[r]][-3:]   # the last sequence_len ids
+        relevance = [max(0.0, m.q[ids[r, 2]] @ m.q[h]) for h in kept]
+        assert np.isclose(attention[r], sum(relevance))
+    assert np.isclose(m.scales[2] * cross3.std(), 0.5, rtol=0.1)
+    assert np.isclose(m.scales[3] * attention.std(), 0.7, rtol=0.1)
+    plain = HiddenModel(dataclasses.replace(cfg, cross3_std=0.0, attention_std=0.0))
+    assert plain.t is None and plain.q is None
+    assert np.array_equal(plain.w, m.w) and np.array_equal(plain.v, m.v)
+    # Refused by name through the CLI, exit status 2, before anything is written.
+    out = tmp_path / "refused"
+    r = run_cli("data", "synth", "--out", str(out), "--rows", "3000", "--feature-size", "3000",
+                "--attention-std", "0.5", check=False)
+    assert r.returncode == 2 and "attention_std" in r.stderr and "sequence_fields" in r.stderr
+    assert not out.exists()
 
 
 def test_synth_with_fewer_fields(tmp_path):

@@ -81,6 +81,13 @@ def _data_commands(sub):
                         "--sequence-len")
     p.add_argument("--sequence-len", type=POSITIVE, default=10,
                    help="a sequence field's max_len")
+    p.add_argument("--cross3-std", type=_number(float, 0.0), default=0.0,
+                   help="std of a third-order part of the hidden logit (crosses of three "
+                        "fields, for DCN-v2 and xDeepFM); 0: none")
+    p.add_argument("--attention-std", type=_number(float, 0.0), default=0.0,
+                   help="std of a part in which each history's items count by their relevance "
+                        "to the candidate, the first categorical field (for DIN; needs "
+                        "--sequence-fields); 0: none")
     p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_synth)
@@ -190,7 +197,9 @@ def cmd_synth(a):
                                       multi_hot_len=a.multi_hot_len,
                                       multi_hot_vocab=a.multi_hot_vocab,
                                       sequence_fields=a.sequence_fields,
-                                      sequence_len=a.sequence_len),
+                                      sequence_len=a.sequence_len,
+                                      cross3_std=a.cross3_std,
+                                      attention_std=a.attention_std),
                    processes=a.processes, overwrite=a.overwrite)
     for name, d in s["splits"].items():
         if not d["rows"]:

@@ -8,7 +8,14 @@ which the hidden model mean-pools into one field; with sequence_fields, that man
 0 to 2 x sequence_len ids of which the hidden model mean-pools the last sequence_len (the
 declared max_len: a reader that kept the oldest ids instead would miss the signal). Such data
 declares its fields (numeric, categorical, multi_hot, sequence: data/schema.py) and is written
-as TFRecord. Labels are drawn from a hidden FM + linear model; the
+as TFRecord. Labels are drawn from a hidden FM + linear model, optionally with two more parts:
+third-order crosses (cross3_std: the order-3 ANOVA term, the sum over triples of categorical
+fields of <t_i, t_j, t_l>, vectors of their own, what DCN-v2's second cross layer and xDeepFM's second
+CIN layer are built to reach) and a candidate-dependent history (attention_std: over each
+sequence's kept ids, the sum of max(0, <q_c, q_h>) with c the first categorical field, the
+candidate: an item counts only where it is relevant to the candidate, and more relevant items
+count more -- DIN's premise, which its unnormalized weighted sum is made for and no pooling
+fixed before the candidate is seen can express). The
 true click probability of every row is known, so the AUC of those probabilities on the test
 split is the best any model can reach: the yardstick training is judged by. Signal fades with
 an id's rarity (rare ids carry small weights), as in real logs, so enough rows make the bound
@@ -63,6 +70,8 @@ class SynthConfig:
     multi_hot_vocab: int = 1000  # distinct ids of each multi_hot and sequence field
     sequence_fields: int = 0     # histories of ids (declared fields, TFRecord output)
     sequence_len: int = 10       # a history's max_len; rows hold 0 to twice as many ids
+    cross3_std: float = 0.0      # std of the third-order part (categorical fields)
+    attention_std: float = 0.0   # std of the histories' candidate-relevance part
 
     @property
     def field_size(self) -> int:
@@ -95,6 +104,11 @@ class SynthConfig:
                 or self.sequence_len < 1 or self.multi_hot_vocab < 2:
             raise DataError("multi_hot_fields and sequence_fields must be >= 0, multi_hot_len "
                             "and sequence_len >= 1, multi_hot_vocab >= 2", field="multi_hot")
+        if min(self.linear_std, self.fm_std, self.cross3_std, self.attention_std) < 0:
+            raise DataError("the parts' stds must be >= 0", field="std")
+        if self.attention_std and not self.sequence_fields:
+            raise DataError("attention_std weighs histories against the candidate: it needs "
+                            "sequence_fields", field="attention_std")
         criteo = CRITEO_CARDINALITIES[:self.categorical_fields]
         budget = self.feature_size - self.numeric_fields - self.list_fields * self.multi_hot_vocab
         if budget < 2 * len(criteo):
@@ -127,15 +141,20 @@ class HiddenModel:
         scale = (1.0 + rank) ** -cfg.rarity_decay
         self.w = rng.normal(0, 1, cfg.feature_size) * scale
         self.v = rng.normal(0, 1, (cfg.feature_size, cfg.hidden_dim)) * scale[:, None]
+        # Drawn after w and v, and only when used: data without these parts stays as it was.
+        self.t = rng.normal(0, 1, (cfg.feature_size, cfg.hidden_dim)) * scale[:, None] \
+            if cfg.cross3_std else None
+        self.q = rng.normal(0, 1, (cfg.feature_size, cfg.hidden_dim)) * scale[:, None] \
+            if cfg.attention_std else None
         self.cdfs = []
         for c in self.cards:
             p = (1.0 + np.arange(c)) ** -cfg.zipf
             self.cdfs.append(np.cumsum(p / p.sum()))
         # Calibrate the parts' scales and the bias on a pilot sample.
-        lin, fm = self._parts(*self.sample_features(np.random.default_rng([cfg.seed, 1]), 20_000))
-        self.a = cfg.linear_std / max(lin.std(), 1e-9)
-        self.b = cfg.fm_std / max(fm.std(), 1e-9)
-        logit = self.a * lin + self.b * fm
+        parts = self._parts(*self.sample_features(np.random.default_rng([cfg.seed, 1]), 20_000))
+        stds = (cfg.linear_std, cfg.fm_std, cfg.cross3_std, cfg.attention_std)
+        self.scales = [want / max(part.std(), 1e-9) for want, part in zip(stds, parts)]
+        logit = sum(c * part for c, part in zip(self.scales, parts))
         lo, hi = -20.0, 20.0
         for _ in range(60):  # bias so that the mean click probability is base_rate
             mid = (lo + hi) / 2
@@ -170,6 +189,8 @@ class HiddenModel:
         return ids, values, out_bags
 
     def _parts(self, ids, values, bags=()):
+        """The logit's parts, unscaled: linear, pairwise, third-order, history relevance (0
+        where not configured)."""
         x = values.astype(np.float64)
         lin = (self.w[ids] * x).sum(1)
         vx = self.v[ids] * x[..., None]
@@ -183,11 +204,32 @@ class HiddenModel:
                             for lengths, bag_ids in bags)
             vx = np.concatenate([vx, np.stack(pooled, 1)], 1)
         fm = 0.5 * ((vx.sum(1) ** 2).sum(1) - (vx ** 2).sum((1, 2)))
-        return lin, fm
+        zero = np.zeros(len(ids))
+        # Over the categorical fields: crosses of ids, as user x item x context (with the
+        # numeric fields the part would be cubic in their heavy-tailed values).
+        numeric = self.cfg.numeric_fields
+        cross3 = zero if self.t is None else _anova3(self.t[ids[:, numeric:]])
+        attention = zero if self.q is None else sum(
+            self._relevance(ids[:, self.cfg.numeric_fields], lengths, bag_ids)
+            for lengths, bag_ids in bags[self.cfg.multi_hot_fields:])
+        return lin, fm, cross3, attention
+
+    def _relevance(self, candidate, lengths, history):
+        """Per row, the sum over its kept history of max(0, <q_candidate, q_item>)."""
+        q_c = np.repeat(self.q[candidate], lengths, axis=0)
+        score = np.maximum((q_c * self.q[history]).sum(1), 0.0)
+        return _mean_pool(score[:, None], lengths)[:, 0] * lengths
 
     def probability(self, ids, values, bags=()) -> np.ndarray:
-        lin, fm = self._parts(ids, values, bags)
-        return 1 / (1 + np.exp(-(self.bias + self.a * lin + self.b * fm)))
+        logit = sum(c * part for c, part in zip(self.scales, self._parts(ids, values, bags)))
+        return 1 / (1 + np.exp(-(self.bias + logit)))
+
+
+def _anova3(vx: np.ndarray) -> np.ndarray:
+    """sum over field triples i < j < l and latent d of vx[:, i, d] vx[:, j, d] vx[:, l, d],
+    from the power sums (Newton's identity), O(fields) not O(fields^3)."""
+    p1, p2, p3 = vx.sum(1), (vx ** 2).sum(1), (vx ** 3).sum(1)
+    return ((p1 ** 3 - 3 * p1 * p2 + 2 * p3) / 6).sum(1)
 
 
 def _last(lengths: np.ndarray, ids: np.ndarray, keep: int):
@@ -276,8 +318,8 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
     split. Returns that summary."""
     if cfg.rows < 10:
         raise DataError("rows must be at least 10", field="rows")
+    model = HiddenModel(cfg)  # validates the config before anything is written
     out = prepare_output_dir(out_dir, overwrite)
-    model = HiddenModel(cfg)  # validates the config before any worker starts
     tasks, owners = [], []
     for split, (lo, hi) in cfg.split_bounds().items():
         (out / split).mkdir()
