@@ -123,6 +123,61 @@ def test_dropout_in_one_pass_drops_and_scales_as_tensorflows(rate):
         assert op in {o.type for o in graph.get_operations()}
 
 
+
+@pytest.mark.parametrize("rate,width", [(0.0, 400), (0.5, 400), (0.3, 70)])
+def test_an_mlp_layers_gradient_in_one_pass_is_tensorflows(rate, width):
+    """dropout(relu(z + b)) back to z and b: the one-pass gradient against TensorFlow's
+    gradients of the same layer (the same dropout mask: the same seed), with zeros in z + b,
+    a width that is not a whole number of column blocks (70) and no dropout (rate 0). And the
+    MLP takes it where the kernels run: the same output and gradients as TensorFlow's ops."""
+    from ctrtrain.models import blocks
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(300, width)).astype(np.float32)
+    z[:, :5] = 0.0      # relu(z + b) at its kink: b is 0 there
+    b = rng.normal(size=width).astype(np.float32)
+    b[:5] = 0.0
+    z, b = tf.constant(z), tf.constant(b)
+    up = tf.constant(rng.normal(size=(300, width)).astype(np.float32))
+    seed = tf.constant([7, 9], tf.int64)
+    with tf.GradientTape() as tape:
+        tape.watch([z, b])
+        h = tf.nn.relu(z + b)
+        y = kernels.dropout(h, rate, seed) if rate else h
+        loss = tf.reduce_sum(y * up)
+    dz, db = kernels.relu_dropout_grad(up, y, rate)
+    want_dz, want_db = tape.gradient(loss, [z, b])
+    np.testing.assert_allclose(dz.numpy(), want_dz.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(db.numpy(), want_db.numpy(), rtol=1e-5, atol=1e-5)
+
+    mlp = blocks.MLP(width, [64, 32, 1], rates=(0.0, 0.0), seed=3)
+    x = tf.constant(rng.normal(size=(300, width)).astype(np.float32))
+
+    def output_and_grads(fused):
+        kernels.set_enabled(fused)
+        with tf.GradientTape() as tape:
+            out = mlp(x, training=True)
+            loss = tf.reduce_sum(out * up[:, :1])
+        grads = tape.gradient(loss, mlp.kernels + mlp.biases)
+        kernels.set_enabled(True)
+        return [out.numpy()] + [g.numpy() for g in grads]
+
+    for f, r in zip(output_and_grads(True), output_and_grads(False)):
+        np.testing.assert_allclose(f, r, rtol=1e-5, atol=1e-6)
+
+    def gradient_ops(fused):
+        def grads(v):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(mlp(v, training=True))
+            return tape.gradient(loss, mlp.kernels + mlp.biases)
+        kernels.set_enabled(fused)
+        graph = tf.function(grads).get_concrete_function(x).graph
+        kernels.set_enabled(True)
+        return {o.type for o in graph.get_operations()}
+
+    assert "CtrReluDropoutGrad" in gradient_ops(True) and "ReluGrad" not in gradient_ops(True)
+    assert "CtrReluDropoutGrad" not in gradient_ops(False) and "ReluGrad" in gradient_ops(False)
+
+
 def _bag_features(rng, batch=300):
     """Two single fields and three bags (5 columns mean, 3 sum, 4 sqrtn) as the data holds
     them: ids left-aligned, -1 padding, some bags empty, one example's mean bag weighted 0."""

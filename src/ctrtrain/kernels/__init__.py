@@ -227,6 +227,13 @@ def _dropout_grad(op, grad):
     return _lib.ctr_dropout(x=grad, seed=op.inputs[1], rate=op.get_attr("rate")), None
 
 
+def relu_dropout_grad(dy, y, rate: float):
+    """(dz, db): the gradient of y = dropout(relu(z + b), rate) (rate 0: no dropout) with
+    respect to z [B, n] and b [n], from dy and y alone, in one pass (ctr_kernels.cc)."""
+    return _lib.ctr_relu_dropout_grad(dy=dy, y=y, rate=rate)
+
+
+tf.no_gradient("CtrReluDropoutGrad")
 tf.no_gradient("CtrUnique")
 tf.no_gradient("CtrHeld")
 tf.no_gradient("CtrFmGrad")

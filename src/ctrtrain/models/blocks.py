@@ -43,6 +43,24 @@ def dropout(h, rate: float, fused: bool = True):
     return tf.nn.dropout(h, rate=rate)
 
 
+def relu_dropout(z, b, rate: float, fused: bool = True):
+    """dropout(relu(z + b), rate) (rate 0: relu(z + b)), an MLP layer after its matmul. Where
+    the fused kernels run (float32, not inside an XLA cluster) its gradient to z and b is one
+    pass (kernels.relu_dropout_grad) instead of dropout's gradient, ReluGrad and the bias's
+    Sum; the forward is the same ops either way (oneDNN fuses the matmul, bias and ReLU)."""
+    if not (fused and z.dtype == tf.float32 and kernels.usable_here()):
+        h = tf.nn.relu(z + b)
+        return dropout(h, rate, fused) if rate > 0 else h
+
+    @tf.custom_gradient
+    def layer(z, b):
+        h = tf.nn.relu(z + b)
+        y = dropout(h, rate) if rate > 0 else h
+        return y, lambda dy: kernels.relu_dropout_grad(dy, y, rate)
+
+    return layer(z, b)
+
+
 def first_order(block):
     """sum_f w_f x_f [B] of a block whose column 0 is the first-order weight."""
     return tf.reduce_sum(block, 1)[:, 0]
@@ -112,10 +130,14 @@ class MLP(tf.Module):
         for i, (kern, b) in enumerate(zip(self.kernels, self.biases)):
             if i == 0 and self.input_mask is not None:
                 kern = kern * self.input_mask
-            h = tf.matmul(h, tf.cast(kern, dtype)) + tf.cast(b, dtype)
-            if i < self.hidden:
-                if self.bn:
-                    h = tf.cast(self.bn[i](tf.cast(h, tf.float32), training), dtype)
+            z = tf.matmul(h, tf.cast(kern, dtype))
+            if i < self.hidden and not self.bn:
+                h = relu_dropout(z, tf.cast(b, dtype), self.rates[i] if training else 0.0,
+                                 fused=not self.xla)
+                continue
+            h = z + tf.cast(b, dtype)
+            if i < self.hidden:    # with batch normalization between the bias and the ReLU
+                h = tf.cast(self.bn[i](tf.cast(h, tf.float32), training), dtype)
                 h = tf.nn.relu(h)
                 rate = self.rates[i]
                 if training and rate > 0:
