@@ -1673,8 +1673,10 @@ REGISTER_KERNEL_BUILDER(Name("CtrDropout").Device(DEVICE_CPU), Dropout);
 // kept and z + b > 0, so dz = dy / (1 - rate) there and 0 elsewhere, and db = sum over the
 // batch of dz. TensorFlow's backward of the same layer is three ops, each a pass over the
 // [B, n] gradient (dropout's gradient, ReluGrad, the bias's column Sum, which Eigen reduces
-// slowly across rows); this is one. Column blocks go to the threads, so each column's sum is
-// one thread's, in row order.
+// slowly across rows); this is one. The rows go to the threads in a fixed number of chunks,
+// each summing its rows into its own partial sums, added in chunk order: contiguous passes
+// (column blocks strided over the rows were 2.6x slower than a plain element-wise op), and
+// the same sums for any number of threads.
 
 REGISTER_OP("CtrReluDropoutGrad")
     .Input("dy: float")      // [B, n]
@@ -1714,47 +1716,38 @@ class ReluDropoutGrad : public OpKernel {
     const float* y = y_t.flat<float>().data();
     float* dz = dz_t->flat<float>().data();
     float* db = db_t->flat<float>().data();
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    ParallelRows(ctx, blocks, rows * kBlock * 3, [&](int64_t lo, int64_t hi) {
+    const int64_t chunks = std::max<int64_t>(1, std::min(kChunks, rows));
+    std::vector<float> partial(chunks * n, 0.0f);
+    ParallelRows(ctx, chunks, (rows / chunks + 1) * n * 4, [&](int64_t lo, int64_t hi) {
       for (int64_t k = lo; k < hi; ++k) {
-        const int64_t c0 = k * kBlock, width = std::min(kBlock, n - c0);
-        if (width == kBlock) {
-          Columns<kBlock>(dy + c0, y + c0, dz + c0, db + c0, rows, n, scale_);
-        } else {
-          for (int64_t c = 0; c < width; ++c) {  // the last few columns
-            float sum = 0.0f;
-            for (int64_t r = 0; r < rows; ++r) {
-              const int64_t i = r * n + c0 + c;
-              dz[i] = y[i] > 0.0f ? dy[i] * scale_ : 0.0f;
-              sum += dz[i];
-            }
-            db[c0 + c] = sum;
-          }
-        }
+        const int64_t r0 = rows * k / chunks, r1 = rows * (k + 1) / chunks;
+        Rows(dy + r0 * n, y + r0 * n, dz + r0 * n, partial.data() + k * n, r1 - r0, n, scale_);
       }
     });
+    std::fill(db, db + n, 0.0f);
+    for (int64_t k = 0; k < chunks; ++k) {
+      const float* part = partial.data() + k * n;
+      for (int64_t c = 0; c < n; ++c) db[c] += part[c];
+    }
   }
 
  private:
-  static constexpr int64_t kBlock = 32;   // columns a thread takes at a time (2 AVX-512 vectors)
+  static constexpr int64_t kChunks = 16;
 
-  // W columns from every row: sums kept in registers, rows strided by n.
-  template <int64_t W>
+  // Rows [0, rows) of the chunk, each a contiguous pass; sums into `sum` [n].
   CTR_CLONES
-  static void Columns(const float* __restrict dy, const float* __restrict y, float* __restrict dz,
-                      float* __restrict db, int64_t rows, int64_t n, float scale) {
-    float sum[W] = {};
+  static void Rows(const float* __restrict dy, const float* __restrict y, float* __restrict dz,
+                   float* __restrict sum, int64_t rows, int64_t n, float scale) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* g = dy + r * n;
       const float* out = y + r * n;
       float* d = dz + r * n;
-      for (int64_t c = 0; c < W; ++c) {
+      for (int64_t c = 0; c < n; ++c) {
         const float v = out[c] > 0.0f ? g[c] * scale : 0.0f;
         d[c] = v;
         sum[c] += v;
       }
     }
-    for (int64_t c = 0; c < W; ++c) db[c] = sum[c];
   }
 
   float scale_;
