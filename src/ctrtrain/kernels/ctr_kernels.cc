@@ -1590,6 +1590,15 @@ REGISTER_KERNEL_BUILDER(Name("CtrFieldAttentionGrad").Device(DEVICE_CPU), FieldA
 // random numbers a fifth of the step's CPU time (docs/benchmarks.md). With 16 bits the rate is
 // held to the nearest 1/65536 (0.5 exactly); the scale is 1 / (1 - rate), as TensorFlow's.
 
+// The "rate" attribute of the dropout ops, refused outside [0, 1) (one rule for both).
+absl::Status DropoutRate(OpKernelConstruction* ctx, float* rate) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("rate", rate));
+  if (!(*rate >= 0.0f && *rate < 1.0f)) {
+    return InvalidArgument("dropout rate ", *rate, " is outside [0, 1)");
+  }
+  return absl::OkStatus();
+}
+
 REGISTER_OP("CtrDropout")
     .Input("x: float")
     .Input("seed: int64")     // [2]: a new pair per step (the caller draws it)
@@ -1606,9 +1615,7 @@ class Dropout : public OpKernel {
  public:
   explicit Dropout(OpKernelConstruction* ctx) : OpKernel(ctx) {
     float rate;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rate", &rate));
-    OP_REQUIRES(ctx, rate >= 0.0f && rate < 1.0f,
-                InvalidArgument("dropout rate ", rate, " is outside [0, 1)"));
+    OP_REQUIRES_OK(ctx, DropoutRate(ctx, &rate));
     threshold_ = static_cast<uint32_t>(std::lround(static_cast<double>(rate) * 65536.0));
     scale_ = 1.0f / (1.0f - rate);
   }
@@ -1696,9 +1703,7 @@ class ReluDropoutGrad : public OpKernel {
  public:
   explicit ReluDropoutGrad(OpKernelConstruction* ctx) : OpKernel(ctx) {
     float rate;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rate", &rate));
-    OP_REQUIRES(ctx, rate >= 0.0f && rate < 1.0f,
-                InvalidArgument("dropout rate ", rate, " is outside [0, 1)"));
+    OP_REQUIRES_OK(ctx, DropoutRate(ctx, &rate));
     scale_ = 1.0f / (1.0f - rate);
   }
 
