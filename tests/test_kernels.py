@@ -311,6 +311,66 @@ def test_autoints_attention_and_its_gradient_are_tensorflows(heads, size):
     assert "CtrFieldAttention" in {o.type for o in graph.get_operations()}
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_the_cins_outer_product_gradient_in_one_pass_is_exact(dtype):
+    """xDeepFM's row-wise outer products back to both factors: the one-pass op against the
+    sums in float64 of the same inputs, a [R, H m] with H and m that fill no vector (7, 11);
+    bfloat16 inputs give bfloat16 sums rounded once from float32's."""
+    rng = np.random.default_rng(5)
+    rows, h, m = 300, 7, 11
+    x, x0, g = (rng.normal(size=s).astype(np.float32) for s in ((rows, h), (rows, m),
+                                                                  (rows, h * m)))
+    x, x0, g = (tf.constant(a, dtype) for a in (x, x0, g))
+    dx, dx0 = kernels.outer_product_grad(g, x, x0)
+    assert dx.dtype == dtype and dx.shape == (rows, h) and dx0.shape == (rows, m)
+    x, x0, g = (a.numpy().astype(np.float64) for a in (x, x0, g))
+    g = g.reshape(rows, h, m)
+    tol = 1e-6 if dtype == tf.float32 else 2 ** -8     # bfloat16: 8 significant bits
+    scale = np.abs(g).sum(2).max() * 4
+    np.testing.assert_allclose(dx.numpy().astype(np.float64), np.einsum("rij,rj->ri", g, x0),
+                               rtol=tol, atol=tol * scale)
+    np.testing.assert_allclose(dx0.numpy().astype(np.float64), np.einsum("rij,ri->rj", g, x),
+                               rtol=tol, atol=tol * scale)
+
+
+def test_the_cin_and_its_gradient_are_tensorflows_with_the_one_pass_gradient():
+    """The CIN (maps 7, 5 over 11 fields, embedding 6) with the kernels and with TensorFlow's
+    ops: the same output and the same gradients of the embeddings and of every layer's
+    weights; the kernels' trace holds CtrOuterProductGrad."""
+    from ctrtrain.models.blocks import CIN
+    rng = np.random.default_rng(6)
+    v = tf.constant(rng.normal(0, 0.5, (64, 11, 6)).astype(np.float32))
+    up = tf.constant(rng.normal(size=(64, 12)).astype(np.float32))
+    cin = CIN(11, [7, 5], seed=2)
+
+    def run(fused):
+        kernels.set_enabled(fused)
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            out = cin(v)
+            loss = tf.reduce_sum(out * up)
+        kernels.set_enabled(True)
+        grads = tape.gradient(loss, [v] + cin.variables_to_update())
+        return [out.numpy()] + [g.numpy() for g in grads]
+
+    for f, r in zip(run(True), run(False)):
+        np.testing.assert_allclose(f, r, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(r).max()))
+
+    def gradient_ops(fused):
+        def grads(v):
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                loss = tf.reduce_sum(cin(v))
+            return tape.gradient(loss, [v] + cin.kernels)
+        kernels.set_enabled(fused)
+        graph = tf.function(grads).get_concrete_function(v).graph
+        kernels.set_enabled(True)
+        return {o.type for o in graph.get_operations()}
+
+    assert "CtrOuterProductGrad" in gradient_ops(True)
+    assert "CtrOuterProductGrad" not in gradient_ops(False)
+
+
 def test_an_index_outside_the_rows_is_refused_by_name():
     params = tf.zeros([5, 3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="where index 7 at 2 is outside"):

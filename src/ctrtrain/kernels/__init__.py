@@ -233,6 +233,13 @@ def relu_dropout_grad(dy, y, rate: float):
     return _lib.ctr_relu_dropout_grad(dy=dy, y=y, rate=rate)
 
 
+def outer_product_grad(grad, x, x0):
+    """(dx [R, H], dx0 [R, M]): the gradient of z = (x[:, :, None] * x0[:, None, :]) read as
+    [R, H M], from grad [R, H M], in one pass (float32 or bfloat16; sums in float32)."""
+    return _lib.ctr_outer_product_grad(grad=grad, x=x, x0=x0)
+
+
+tf.no_gradient("CtrOuterProductGrad")
 tf.no_gradient("CtrReluDropoutGrad")
 tf.no_gradient("CtrUnique")
 tf.no_gradient("CtrHeld")

@@ -20,6 +20,8 @@
 //                        gradient: the same op, the same seed, on the incoming gradient)
 //   CtrReluDropoutGrad   an MLP layer's gradient through dropout, ReLU and the bias in one
 //                        pass: dz and the bias's gradient (was three ops and three passes)
+//   CtrOuterProductGrad  the gradient of xDeepFM's CIN's row-wise outer products in one pass
+//                        over the incoming gradient (was two Muls and two Sums)
 //
 // The TensorFlow path stays the reference: tests/test_kernels.py compares both to float32
 // precision. Built against the installed TensorFlow by build.py beside this file.
@@ -1759,5 +1761,138 @@ class ReluDropoutGrad : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("CtrReluDropoutGrad").Device(DEVICE_CPU), ReluDropoutGrad);
+
+// ---------------------------------------------------------------------------------------------
+// xDeepFM's CIN (models/blocks.py CIN): each layer multiplies every map of the previous layer
+// by every field, row by row (a row: one example's one embedding dimension), z[r, i M + j] =
+// x[r, i] x0[r, j], then one matmul. TensorFlow's gradient of that broadcast product is two
+// Muls that write [R, H M] each and two Sums that read them back (a quarter of xDeepFM's step);
+// this reads the incoming gradient once, row by row, and sums in float32 for bfloat16 too:
+//   dx[r, i]  = sum_j g[r, i M + j] x0[r, j]
+//   dx0[r, j] = sum_i g[r, i M + j] x[r, i]
+
+REGISTER_OP("CtrOuterProductGrad")
+    .Input("grad: T")       // [R, H M]
+    .Input("x: T")          // [R, H]
+    .Input("x0: T")         // [R, M]
+    .Output("dx: T")        // [R, H]
+    .Output("dx0: T")       // [R, M]
+    .Attr("T: {float, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle x, x0;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &x));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &x0));
+      c->set_output(0, x);
+      c->set_output(1, x0);
+      return absl::OkStatus();
+    });
+
+// bfloat16 is the upper half of a float32: widening is a shift, narrowing rounds to nearest
+// even (NaN kept a NaN), as Eigen's conversion; on raw 16-bit words so that the loops vectorize.
+inline float Widen(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float Widen(float f) { return f; }
+
+inline uint16_t NarrowBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline void Store(float* dst, float v) { *dst = v; }
+inline void Store(uint16_t* dst, float v) { *dst = NarrowBf16(v); }
+
+// Rows [0, rows): `acc` [M] float32 scratch for dx0's sums.
+template <typename E>
+inline __attribute__((always_inline)) void OuterGradRows(
+    const E* __restrict g, const E* __restrict x, const E* __restrict x0, E* __restrict dx,
+    E* __restrict dx0, float* __restrict acc, float* __restrict f0, int64_t rows, int64_t h,
+    int64_t m) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const E* gr = g + r * h * m;
+    for (int64_t j = 0; j < m; ++j) {
+      f0[j] = Widen(x0[r * m + j]);
+      acc[j] = 0.0f;
+    }
+    for (int64_t i = 0; i < h; ++i) {
+      const E* gi = gr + i * m;
+      const float xi = Widen(x[r * h + i]);
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < m; ++j) {
+        const float v = Widen(gi[j]);
+        dot += v * f0[j];
+        acc[j] += v * xi;
+      }
+      Store(dx + r * h + i, dot);
+    }
+    for (int64_t j = 0; j < m; ++j) Store(dx0 + r * m + j, acc[j]);
+  }
+}
+
+CTR_CLONES
+void OuterGradRowsF32(const float* g, const float* x, const float* x0, float* dx, float* dx0,
+                      float* acc, float* f0, int64_t rows, int64_t h, int64_t m) {
+  OuterGradRows(g, x, x0, dx, dx0, acc, f0, rows, h, m);
+}
+
+CTR_CLONES
+void OuterGradRowsBf16(const uint16_t* g, const uint16_t* x, const uint16_t* x0, uint16_t* dx,
+                       uint16_t* dx0, float* acc, float* f0, int64_t rows, int64_t h,
+                       int64_t m) {
+  OuterGradRows(g, x, x0, dx, dx0, acc, f0, rows, h, m);
+}
+
+template <typename T, typename E>
+class OuterProductGrad : public OpKernel {
+ public:
+  explicit OuterProductGrad(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& x = ctx->input(1);
+    const Tensor& x0 = ctx->input(2);
+    OP_REQUIRES(ctx, grad.dims() == 2 && x.dims() == 2 && x0.dims() == 2,
+                InvalidArgument("grad, x and x0 must be matrices"));
+    const int64_t rows = x.dim_size(0), h = x.dim_size(1), m = x0.dim_size(1);
+    OP_REQUIRES(ctx, x0.dim_size(0) == rows && grad.dim_size(0) == rows &&
+                         grad.dim_size(1) == h * m,
+                InvalidArgument("grad ", grad.shape().DebugString(), " is not [R, H M] for x ",
+                                x.shape().DebugString(), " and x0 ", x0.shape().DebugString()));
+    Tensor *dx = nullptr, *dx0 = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, x0.shape(), &dx0));
+    const E* g = reinterpret_cast<const E*>(grad.flat<T>().data());
+    const E* xs = reinterpret_cast<const E*>(x.flat<T>().data());
+    const E* x0s = reinterpret_cast<const E*>(x0.flat<T>().data());
+    E* dxs = reinterpret_cast<E*>(dx->flat<T>().data());
+    E* dx0s = reinterpret_cast<E*>(dx0->flat<T>().data());
+    ParallelRows(ctx, rows, 4 * h * m, [&](int64_t lo, int64_t hi) {
+      std::vector<float> scratch(2 * m);
+      Rows(g + lo * h * m, xs + lo * h, x0s + lo * m, dxs + lo * h, dx0s + lo * m,
+           scratch.data(), scratch.data() + m, hi - lo, h, m);
+    });
+  }
+
+ private:
+  static void Rows(const float* g, const float* x, const float* x0, float* dx, float* dx0,
+                   float* acc, float* f0, int64_t rows, int64_t h, int64_t m) {
+    OuterGradRowsF32(g, x, x0, dx, dx0, acc, f0, rows, h, m);
+  }
+  static void Rows(const uint16_t* g, const uint16_t* x, const uint16_t* x0, uint16_t* dx,
+                   uint16_t* dx0, float* acc, float* f0, int64_t rows, int64_t h, int64_t m) {
+    OuterGradRowsBf16(g, x, x0, dx, dx0, acc, f0, rows, h, m);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrOuterProductGrad").Device(DEVICE_CPU).TypeConstraint<float>("T"),
+                        (OuterProductGrad<float, float>));
+REGISTER_KERNEL_BUILDER(
+    Name("CtrOuterProductGrad").Device(DEVICE_CPU).TypeConstraint<tensorflow::bfloat16>("T"),
+    (OuterProductGrad<tensorflow::bfloat16, uint16_t>));
 
 }  // namespace ctrtrain
