@@ -1,8 +1,9 @@
-"""xDeepFM's CIN alone, forward and backward, measured with TensorFlow's gradient of the
-row-wise outer products (two Muls and two Sums over [B D, H m]) and with CtrOuterProductGrad's
-one pass; float32 and bfloat16 (`--mixed-precision`'s CIN). The reference shapes: a batch of
-1,024, 39 fields, embedding 16, maps 128,128; 10 calls x 7 rounds, the ways timed alternately,
-medians in ms a step:
+"""xDeepFM's CIN alone, forward and backward, measured with TensorFlow's ops (the full row-wise
+outer products, their gradient two Muls and two Sums over [B D, H m]) and with the kernels
+(the first layer over the distinct pairs of fields, CtrPairProduct, half its matmul; every
+product's gradient in one pass, CtrOuterProductGrad); float32 and bfloat16
+(`--mixed-precision`'s CIN). The reference shapes: a batch of 1,024, 39 fields, embedding 16,
+maps 128,128; 10 calls x 7 rounds, the ways timed alternately, medians in ms a step:
 
     .venv/bin/python scripts/cin_backward.py [BATCH]
 """
@@ -26,7 +27,7 @@ def main():
     calls = {}
     for dtype in ("float32", "bfloat16"):
         cin = CIN(39, [128, 128], seed=1, mixed_precision=dtype == "bfloat16")
-        for way, on in (("tensorflow's gradient", False), ("one pass", True)):
+        for way, on in (("tensorflow's ops", False), ("the kernels", True)):
             kernels.set_enabled(on)
 
             @tf.function

@@ -333,10 +333,39 @@ def test_the_cins_outer_product_gradient_in_one_pass_is_exact(dtype):
                                rtol=tol, atol=tol * scale)
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_the_pair_products_and_their_gradient_are_exact(dtype):
+    """The CIN's first layer's products of the fields with themselves, each pair i <= j once,
+    row-major, and their gradient (the diagonal's x_i^2 counted twice), against float64."""
+    rng = np.random.default_rng(8)
+    rows, m = 200, 11
+    x = tf.constant(rng.normal(size=(rows, m)).astype(np.float32), dtype)
+    g = tf.constant(rng.normal(size=(rows, m * (m + 1) // 2)).astype(np.float32), dtype)
+    z, dx = kernels.pair_product(x), _pair_grad(g, x)
+    xs, gs = x.numpy().astype(np.float64), g.numpy().astype(np.float64)
+    pairs = [(i, j) for i in range(m) for j in range(i, m)]
+    want_z = np.stack([xs[:, i] * xs[:, j] for i, j in pairs], 1)
+    want_dx = np.zeros_like(xs)
+    for p, (i, j) in enumerate(pairs):
+        want_dx[:, i] += gs[:, p] * xs[:, j]
+        want_dx[:, j] += gs[:, p] * xs[:, i]
+    tol = 1e-6 if dtype == tf.float32 else 2 ** -8
+    np.testing.assert_allclose(z.numpy().astype(np.float64), want_z, rtol=tol, atol=1e-30)
+    np.testing.assert_allclose(dx.numpy().astype(np.float64), want_dx, rtol=tol,
+                               atol=tol * np.abs(gs).sum(1).max() * 4)
+
+
+def _pair_grad(g, x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        z = kernels.pair_product(x)
+    return tape.gradient(z, x, output_gradients=g)
+
+
 def test_the_cin_and_its_gradient_are_tensorflows_with_the_one_pass_gradient():
-    """The CIN (maps 7, 5 over 11 fields, embedding 6) with the kernels and with TensorFlow's
-    ops: the same output and the same gradients of the embeddings and of every layer's
-    weights; the kernels' trace holds CtrOuterProductGrad."""
+    """The CIN (maps 7, 5 over 11 fields, embedding 6) with the kernels (the first layer over
+    the distinct pairs, folded weights) and with TensorFlow's ops (the full products): the same
+    output and the same gradients of the embeddings and of every layer's weights."""
     from ctrtrain.models.blocks import CIN
     rng = np.random.default_rng(6)
     v = tf.constant(rng.normal(0, 0.5, (64, 11, 6)).astype(np.float32))
@@ -367,8 +396,8 @@ def test_the_cin_and_its_gradient_are_tensorflows_with_the_one_pass_gradient():
         kernels.set_enabled(True)
         return {o.type for o in graph.get_operations()}
 
-    assert "CtrOuterProductGrad" in gradient_ops(True)
-    assert "CtrOuterProductGrad" not in gradient_ops(False)
+    assert {"CtrOuterProductGrad", "CtrPairProduct", "CtrPairProductGrad"} <= gradient_ops(True)
+    assert not {"CtrOuterProductGrad", "CtrPairProduct"} & gradient_ops(False)
 
 
 def test_an_index_outside_the_rows_is_refused_by_name():

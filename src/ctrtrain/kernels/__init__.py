@@ -239,6 +239,18 @@ def outer_product_grad(grad, x, x0):
     return _lib.ctr_outer_product_grad(grad=grad, x=x, x0=x0)
 
 
+def pair_product(x):
+    """[R, M (M + 1) / 2]: x[r, i] x[r, j] for i <= j, row-major over (i, j) (x [R, M], float32
+    or bfloat16)."""
+    return _lib.ctr_pair_product(x=x)
+
+
+@tf.RegisterGradient("CtrPairProduct")
+def _pair_product_grad(op, grad):
+    return _lib.ctr_pair_product_grad(grad=grad, x=op.inputs[0])
+
+
+tf.no_gradient("CtrPairProductGrad")
 tf.no_gradient("CtrOuterProductGrad")
 tf.no_gradient("CtrReluDropoutGrad")
 tf.no_gradient("CtrUnique")

@@ -22,6 +22,8 @@
 //                        pass: dz and the bias's gradient (was three ops and three passes)
 //   CtrOuterProductGrad  the gradient of xDeepFM's CIN's row-wise outer products in one pass
 //                        over the incoming gradient (was two Muls and two Sums)
+//   CtrPairProduct(Grad) the CIN's first layer's products of the fields with themselves, each
+//                        distinct pair once (half the matmul), and their gradient
 //
 // The TensorFlow path stays the reference: tests/test_kernels.py compares both to float32
 // precision. Built against the installed TensorFlow by build.py beside this file.
@@ -1834,16 +1836,16 @@ inline __attribute__((always_inline)) void OuterGradRows(
   }
 }
 
+// Each element type compiled for each CPU (an overload per type: the op's template picks it).
 CTR_CLONES
-void OuterGradRowsF32(const float* g, const float* x, const float* x0, float* dx, float* dx0,
-                      float* acc, float* f0, int64_t rows, int64_t h, int64_t m) {
+void OuterGrad(const float* g, const float* x, const float* x0, float* dx, float* dx0,
+               float* acc, float* f0, int64_t rows, int64_t h, int64_t m) {
   OuterGradRows(g, x, x0, dx, dx0, acc, f0, rows, h, m);
 }
 
 CTR_CLONES
-void OuterGradRowsBf16(const uint16_t* g, const uint16_t* x, const uint16_t* x0, uint16_t* dx,
-                       uint16_t* dx0, float* acc, float* f0, int64_t rows, int64_t h,
-                       int64_t m) {
+void OuterGrad(const uint16_t* g, const uint16_t* x, const uint16_t* x0, uint16_t* dx,
+               uint16_t* dx0, float* acc, float* f0, int64_t rows, int64_t h, int64_t m) {
   OuterGradRows(g, x, x0, dx, dx0, acc, f0, rows, h, m);
 }
 
@@ -1873,19 +1875,9 @@ class OuterProductGrad : public OpKernel {
     E* dx0s = reinterpret_cast<E*>(dx0->flat<T>().data());
     ParallelRows(ctx, rows, 4 * h * m, [&](int64_t lo, int64_t hi) {
       std::vector<float> scratch(2 * m);
-      Rows(g + lo * h * m, xs + lo * h, x0s + lo * m, dxs + lo * h, dx0s + lo * m,
-           scratch.data(), scratch.data() + m, hi - lo, h, m);
+      OuterGrad(g + lo * h * m, xs + lo * h, x0s + lo * m, dxs + lo * h, dx0s + lo * m,
+                scratch.data(), scratch.data() + m, hi - lo, h, m);
     });
-  }
-
- private:
-  static void Rows(const float* g, const float* x, const float* x0, float* dx, float* dx0,
-                   float* acc, float* f0, int64_t rows, int64_t h, int64_t m) {
-    OuterGradRowsF32(g, x, x0, dx, dx0, acc, f0, rows, h, m);
-  }
-  static void Rows(const uint16_t* g, const uint16_t* x, const uint16_t* x0, uint16_t* dx,
-                   uint16_t* dx0, float* acc, float* f0, int64_t rows, int64_t h, int64_t m) {
-    OuterGradRowsBf16(g, x, x0, dx, dx0, acc, f0, rows, h, m);
   }
 };
 
@@ -1894,5 +1886,158 @@ REGISTER_KERNEL_BUILDER(Name("CtrOuterProductGrad").Device(DEVICE_CPU).TypeConst
 REGISTER_KERNEL_BUILDER(
     Name("CtrOuterProductGrad").Device(DEVICE_CPU).TypeConstraint<tensorflow::bfloat16>("T"),
     (OuterProductGrad<tensorflow::bfloat16, uint16_t>));
+
+// The CIN's first layer multiplies the fields by themselves: x_i x_j = x_j x_i, so the m^2
+// products hold m (m + 1) / 2 distinct values, and a matmul over those (with the weights of
+// (i, j) and (j, i) added, blocks.py) does half the first layer's arithmetic.
+//   CtrPairProduct      z[r, p(i, j)] = x[r, i] x[r, j] for i <= j, p row-major over (i, j)
+//   CtrPairProductGrad  dx[r, a] = sum over the pairs holding a of grad times the other factor
+//                       (the diagonal's x_a^2 twice: 2 grad x_a)
+
+REGISTER_OP("CtrPairProduct")
+    .Input("x: T")          // [R, M]
+    .Output("z: T")         // [R, M (M + 1) / 2]
+    .Attr("T: {float, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
+      const int64_t m = c->Value(c->Dim(x, 1));
+      c->set_output(0, c->Matrix(c->Dim(x, 0),
+                                 m < 0 ? c->UnknownDim() : c->MakeDim(m * (m + 1) / 2)));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("CtrPairProductGrad")
+    .Input("grad: T")       // [R, M (M + 1) / 2]
+    .Input("x: T")          // [R, M]
+    .Output("dx: T")        // [R, M]
+    .Attr("T: {float, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return absl::OkStatus();
+    });
+
+template <typename E>
+inline __attribute__((always_inline)) void PairRows(const E* __restrict x, E* __restrict z,
+                                                    float* __restrict f, int64_t rows,
+                                                    int64_t m) {
+  const int64_t pairs = m * (m + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < m; ++j) f[j] = Widen(x[r * m + j]);
+    E* out = z + r * pairs;
+    for (int64_t i = 0; i < m; ++i) {
+      const float xi = f[i];
+      for (int64_t j = i; j < m; ++j) Store(out + j - i, xi * f[j]);
+      out += m - i;
+    }
+  }
+}
+
+template <typename E>
+inline __attribute__((always_inline)) void PairGradRows(const E* __restrict g,
+                                                        const E* __restrict x, E* __restrict dx,
+                                                        float* __restrict acc,
+                                                        float* __restrict f, int64_t rows,
+                                                        int64_t m) {
+  const int64_t pairs = m * (m + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < m; ++j) {
+      f[j] = Widen(x[r * m + j]);
+      acc[j] = 0.0f;
+    }
+    const E* gr = g + r * pairs;
+    for (int64_t i = 0; i < m; ++i) {
+      const float xi = f[i];
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = i; j < m; ++j) {
+        const float v = Widen(gr[j - i]);
+        dot += v * f[j];
+        acc[j] += v * xi;
+      }
+      acc[i] += dot;
+      gr += m - i;
+    }
+    for (int64_t j = 0; j < m; ++j) Store(dx + r * m + j, acc[j]);
+  }
+}
+
+CTR_CLONES
+void Pairs(const float* x, float* z, float* f, int64_t rows, int64_t m) {
+  PairRows(x, z, f, rows, m);
+}
+CTR_CLONES
+void Pairs(const uint16_t* x, uint16_t* z, float* f, int64_t rows, int64_t m) {
+  PairRows(x, z, f, rows, m);
+}
+CTR_CLONES
+void PairsGrad(const float* g, const float* x, float* dx, float* acc, float* f, int64_t rows,
+               int64_t m) {
+  PairGradRows(g, x, dx, acc, f, rows, m);
+}
+CTR_CLONES
+void PairsGrad(const uint16_t* g, const uint16_t* x, uint16_t* dx, float* acc, float* f,
+               int64_t rows, int64_t m) {
+  PairGradRows(g, x, dx, acc, f, rows, m);
+}
+
+template <typename T, typename E>
+class PairProduct : public OpKernel {
+ public:
+  explicit PairProduct(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    OP_REQUIRES(ctx, x.dims() == 2, InvalidArgument("x must be a matrix"));
+    const int64_t rows = x.dim_size(0), m = x.dim_size(1), pairs = m * (m + 1) / 2;
+    Tensor* z = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, pairs}), &z));
+    const E* xs = reinterpret_cast<const E*>(x.flat<T>().data());
+    E* zs = reinterpret_cast<E*>(z->flat<T>().data());
+    ParallelRows(ctx, rows, 2 * pairs, [&](int64_t lo, int64_t hi) {
+      std::vector<float> f(m);
+      Pairs(xs + lo * m, zs + lo * pairs, f.data(), hi - lo, m);
+    });
+  }
+};
+
+template <typename T, typename E>
+class PairProductGrad : public OpKernel {
+ public:
+  explicit PairProductGrad(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& x = ctx->input(1);
+    OP_REQUIRES(ctx, grad.dims() == 2 && x.dims() == 2,
+                InvalidArgument("grad and x must be matrices"));
+    const int64_t rows = x.dim_size(0), m = x.dim_size(1), pairs = m * (m + 1) / 2;
+    OP_REQUIRES(ctx, grad.dim_size(0) == rows && grad.dim_size(1) == pairs,
+                InvalidArgument("grad ", grad.shape().DebugString(), " is not [R, M (M + 1) / 2]",
+                                " for x ", x.shape().DebugString()));
+    Tensor* dx = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
+    const E* g = reinterpret_cast<const E*>(grad.flat<T>().data());
+    const E* xs = reinterpret_cast<const E*>(x.flat<T>().data());
+    E* dxs = reinterpret_cast<E*>(dx->flat<T>().data());
+    ParallelRows(ctx, rows, 4 * pairs, [&](int64_t lo, int64_t hi) {
+      std::vector<float> scratch(2 * m);
+      PairsGrad(g + lo * pairs, xs + lo * m, dxs + lo * m, scratch.data(), scratch.data() + m,
+                hi - lo, m);
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrPairProduct").Device(DEVICE_CPU).TypeConstraint<float>("T"),
+                        (PairProduct<float, float>));
+REGISTER_KERNEL_BUILDER(
+    Name("CtrPairProduct").Device(DEVICE_CPU).TypeConstraint<tensorflow::bfloat16>("T"),
+    (PairProduct<tensorflow::bfloat16, uint16_t>));
+REGISTER_KERNEL_BUILDER(
+    Name("CtrPairProductGrad").Device(DEVICE_CPU).TypeConstraint<float>("T"),
+    (PairProductGrad<float, float>));
+REGISTER_KERNEL_BUILDER(
+    Name("CtrPairProductGrad").Device(DEVICE_CPU).TypeConstraint<tensorflow::bfloat16>("T"),
+    (PairProductGrad<tensorflow::bfloat16, uint16_t>));
 
 }  // namespace ctrtrain

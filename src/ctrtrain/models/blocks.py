@@ -324,13 +324,30 @@ class CIN(tf.Module):
         m, d = vectors.shape[1], vectors.shape[2]
         x0 = tf.reshape(tf.transpose(tf.cast(vectors, self.dtype), [0, 2, 1]), [-1, m])  # [B D, m]
         x, pooled = x0, []
-        for w, b in zip(self.kernels, self.biases):
+        for k, (w, b) in enumerate(zip(self.kernels, self.biases)):
             # One 2-D matmul over all B x D rows: a [B, D, H m] x [H m, H_k] matmul runs as B
             # small ones (3x slower at the paper's 128,128 maps).
-            x = tf.matmul(outer_rows(x, x0), tf.cast(w, self.dtype)) + tf.cast(b, self.dtype)
+            if k == 0 and kernels.usable_here():     # X^0 by itself: each pair once
+                z, w = kernels.pair_product(x0), fold_pairs(w, m)
+            else:
+                z = outer_rows(x, x0)
+            x = tf.matmul(z, tf.cast(w, self.dtype)) + tf.cast(b, self.dtype)
             pooled.append(tf.reduce_sum(tf.cast(tf.reshape(x, [-1, d, w.shape[1]]), tf.float32),
                                         1))
         return tf.concat(pooled, 1)
+
+
+def fold_pairs(w, m: int):
+    """[m (m + 1) / 2, H]: the weights w [m m, H] of the products x_i x_j (row i m + j) for
+    the distinct pairs i <= j of kernels.pair_product, W_ij + W_ji (W_ii on the diagonal), so
+    that pair_product(x) @ fold_pairs(w) = outer_rows(x, x) @ w. The gradient reaching w is
+    the full product's: each of W_ij and W_ji gets the pair's (the diagonal's two halves sum
+    to its one; dense, as w's gradient is without the fold)."""
+    pairs = [(i, j) for i in range(m) for j in range(i, m)]
+    w3 = tf.reshape(w, [m, m, -1])
+    both = tf.reshape(w3 + tf.transpose(w3, [1, 0, 2]), [m * m, -1])     # W_ij + W_ji
+    return (tf.gather(both, [i * m + j for i, j in pairs])
+            * tf.constant([[0.5 if i == j else 1.0] for i, j in pairs]))
 
 
 def outer_rows(x, x0):
