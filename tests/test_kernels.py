@@ -312,25 +312,29 @@ def test_autoints_attention_and_its_gradient_are_tensorflows(heads, size):
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
-def test_the_cins_outer_product_gradient_in_one_pass_is_exact(dtype):
-    """xDeepFM's row-wise outer products back to both factors: the one-pass op against the
-    sums in float64 of the same inputs, a [R, H m] with H and m that fill no vector (7, 11);
-    bfloat16 inputs give bfloat16 sums rounded once from float32's."""
+def test_the_cins_outer_products_and_their_gradient_are_exact(dtype):
+    """xDeepFM's row-wise outer products and their gradient to both factors, against float64
+    of the same inputs, with widths that fill no vector (11 x 7) and a whole one (16);
+    bfloat16 inputs give products and sums rounded once from float32's."""
     rng = np.random.default_rng(5)
-    rows, h, m = 300, 7, 11
-    x, x0, g = (rng.normal(size=s).astype(np.float32) for s in ((rows, h), (rows, m),
-                                                                  (rows, h * m)))
-    x, x0, g = (tf.constant(a, dtype) for a in (x, x0, g))
-    dx, dx0 = kernels.outer_product_grad(g, x, x0)
-    assert dx.dtype == dtype and dx.shape == (rows, h) and dx0.shape == (rows, m)
-    x, x0, g = (a.numpy().astype(np.float64) for a in (x, x0, g))
-    g = g.reshape(rows, h, m)
     tol = 1e-6 if dtype == tf.float32 else 2 ** -8     # bfloat16: 8 significant bits
-    scale = np.abs(g).sum(2).max() * 4
-    np.testing.assert_allclose(dx.numpy().astype(np.float64), np.einsum("rij,rj->ri", g, x0),
-                               rtol=tol, atol=tol * scale)
-    np.testing.assert_allclose(dx0.numpy().astype(np.float64), np.einsum("rij,ri->rj", g, x),
-                               rtol=tol, atol=tol * scale)
+    for rows, na, nb in ((300, 11, 7), (50, 3, 16)):
+        a, b, g = (tf.constant(rng.normal(size=s).astype(np.float32), dtype)
+                   for s in ((rows, na), (rows, nb), (rows, na * nb)))
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            z = kernels.outer_product(a, b)
+        da, db = tape.gradient(z, [a, b], output_gradients=g)
+        assert z.dtype == da.dtype == dtype and da.shape == a.shape and db.shape == b.shape
+        a, b, g = (t.numpy().astype(np.float64) for t in (a, b, g))
+        g = g.reshape(rows, na, nb)
+        np.testing.assert_allclose(z.numpy().astype(np.float64).reshape(rows, na, nb),
+                                   a[:, :, None] * b[:, None, :], rtol=tol, atol=1e-30)
+        scale = np.abs(g).sum((1, 2)).max() * 4
+        np.testing.assert_allclose(da.numpy().astype(np.float64), np.einsum("rij,rj->ri", g, b),
+                                   rtol=tol, atol=tol * scale)
+        np.testing.assert_allclose(db.numpy().astype(np.float64), np.einsum("rij,ri->rj", g, a),
+                                   rtol=tol, atol=tol * scale)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
@@ -396,8 +400,8 @@ def test_the_cin_and_its_gradient_are_tensorflows_with_the_one_pass_gradient():
         kernels.set_enabled(True)
         return {o.type for o in graph.get_operations()}
 
-    assert {"CtrOuterProductGrad", "CtrPairProduct", "CtrPairProductGrad"} <= gradient_ops(True)
-    assert not {"CtrOuterProductGrad", "CtrPairProduct"} & gradient_ops(False)
+    ours = {"CtrOuterProduct", "CtrOuterProductGrad", "CtrPairProduct", "CtrPairProductGrad"}
+    assert ours <= gradient_ops(True) and not ours & gradient_ops(False)
 
 
 def test_an_index_outside_the_rows_is_refused_by_name():

@@ -233,10 +233,16 @@ def relu_dropout_grad(dy, y, rate: float):
     return _lib.ctr_relu_dropout_grad(dy=dy, y=y, rate=rate)
 
 
-def outer_product_grad(grad, x, x0):
-    """(dx [R, H], dx0 [R, M]): the gradient of z = (x[:, :, None] * x0[:, None, :]) read as
-    [R, H M], from grad [R, H M], in one pass (float32 or bfloat16; sums in float32)."""
-    return _lib.ctr_outer_product_grad(grad=grad, x=x, x0=x0)
+def outer_product(a, b):
+    """[R, A B]: each row's outer product, z[r, i B + j] = a[r, i] b[r, j] (a [R, A], b [R, B],
+    float32 or bfloat16)."""
+    return _lib.ctr_outer_product(a=a, b=b)
+
+
+@tf.RegisterGradient("CtrOuterProduct")
+def _outer_product_grad(op, grad):
+    # One pass over grad; the sums in float32 for bfloat16 too.
+    return _lib.ctr_outer_product_grad(grad=grad, a=op.inputs[0], b=op.inputs[1])
 
 
 def pair_product(x):
