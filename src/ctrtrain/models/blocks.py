@@ -300,7 +300,12 @@ class CIN(tf.Module):
     `mixed_precision`: the products and matmuls in bfloat16 (float32 master weights, the
     pooling in float32), as the MLP: bfloat16 matmuls run 2.2x float32's on a CPU with
     AVX512_BF16 and the [B, D, H m] products are half the bytes (xDeepFM's step 1.3x faster:
-    docs/models.md, Speed)."""
+    docs/models.md, Speed).
+
+    Where the kernels run, the products are written, and their gradient read, in one pass
+    (outer_rows), and the first layer, X^0 by itself, multiplies each distinct pair of fields
+    once with the weights of (i, j) and (j, i) added (fold_pairs): half its matmul. The same
+    function and gradients as the paper's form, which runs where they do not."""
 
     def __init__(self, fields: int, layers, seed: int = 0, mixed_precision: bool = False,
                  name="cin"):
