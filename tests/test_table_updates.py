@@ -178,3 +178,33 @@ def test_auto_is_dense_on_small_tables_and_catchup_on_large_or_under_parameter_s
     assert resolved(1000, mode="parameter_server") == "catchup"
     cfg = TrainConfig(train_dir="x", model_dir="y", table_updates="lazy")
     assert resolve_table_updates(cfg, 10) == "lazy"      # a choice is kept
+
+
+def test_auto_shuffles_the_whole_split_up_to_its_byte_budget(tmp_path):
+    """shuffle_buffer auto: every record of a training split of at most 256 MB (gzip counted
+    at 4x), else 10,000; a Pipe stream (no files) 10,000; a number given is kept. On a real
+    split: `ctrtrain data synth`'s, whose manifest gives the records."""
+    import dataclasses
+    from conftest import ctrtrain_here
+    from ctrtrain.data.manifest import read_manifest
+    from ctrtrain.train.config import (AUTO_SHUFFLE_BYTES, AUTO_SHUFFLE_RECORDS, TrainConfig,
+                                       resolve_shuffle_buffer)
+    ctrtrain_here("data", "synth", "--out", tmp_path / "d", "--rows", 3000, "--feature-size", 500)
+    m = read_manifest(tmp_path / "d" / "train")
+
+    def resolved(m, **kw):
+        cfg = TrainConfig(train_dir="x", model_dir="y", **kw)
+        return resolve_shuffle_buffer(cfg, m)
+
+    def sized(m, total, compression=None):
+        files = [dataclasses.replace(f, bytes=total // len(m.files)) for f in m.files]
+        return dataclasses.replace(m, files=files, compression=compression)
+
+    assert TrainConfig(train_dir="x", model_dir="y").shuffle_buffer == "auto"   # the default
+    assert resolved(m) == m.records == 2400
+    assert resolved(sized(m, AUTO_SHUFFLE_BYTES)) == m.records
+    assert resolved(sized(m, AUTO_SHUFFLE_BYTES + 2 * len(m.files))) == AUTO_SHUFFLE_RECORDS
+    assert resolved(sized(m, AUTO_SHUFFLE_BYTES // 4, "gzip")) == m.records
+    assert resolved(sized(m, AUTO_SHUFFLE_BYTES // 2, "gzip")) == AUTO_SHUFFLE_RECORDS
+    assert resolved(dataclasses.replace(m, files=[])) == AUTO_SHUFFLE_RECORDS     # Pipe
+    assert resolved(m, shuffle_buffer=500) == 500 and resolved(m, shuffle_buffer=0) == 0

@@ -214,7 +214,10 @@ def test_bad_settings_are_named(synth, tmp_path):
     assert code == 2 and "embedding_size" in err
     # The default (auto) chose dense for this 5,000-row table and recorded it; another
     # table_updates keeps other optimizer state: refused by name.
-    assert json.loads((tmp_path / "m3" / "train_config.json").read_text())["table_updates"] == "dense"
+    recorded = json.loads((tmp_path / "m3" / "train_config.json").read_text())
+    assert recorded["table_updates"] == "dense"
+    # shuffle_buffer auto: the whole 240,000-record split (under 256 MB), recorded as a number.
+    assert recorded["shuffle_buffer"] == 240_000
     code, _, err = cli(*train_args(root, tmp_path / "m3", "--steps", "8", "--table-updates", "lazy"))
     assert code == 2 and "table_updates='dense'" in err, err
 

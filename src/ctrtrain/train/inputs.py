@@ -9,14 +9,15 @@ from pathlib import Path
 
 from ..data.index import describe_source, source_files
 from ..errors import ConfigError, DataError
-from .config import TrainConfig, resolve_table_updates
+from .config import TrainConfig, resolve_shuffle_buffer, resolve_table_updates
 from .threads import data_options
 
 
 def check_data(cfg: TrainConfig):
     """(train manifest, table rows): the training data's, checked against the other splits.
     A Pipe channel's manifest is made from the config (no files, records unknown). Once the
-    table's size is known, table_updates `auto` becomes what it chooses for it."""
+    table's size is known, table_updates `auto` becomes what it chooses for it, and
+    shuffle_buffer `auto` what it chooses for the data's size."""
     from ..data.index import resolve_source
     from ..data.manifest import Manifest, declared_fields
     if cfg.input_mode == "Pipe":    # field_size or fields, and feature_size (check_config)
@@ -49,6 +50,7 @@ def check_data(cfg: TrainConfig):
                                 path=describe_source(other))
             check_checksums(o, root)
     resolve_table_updates(cfg, feature_size)
+    resolve_shuffle_buffer(cfg, m)
     return m, feature_size
 
 
