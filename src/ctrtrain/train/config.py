@@ -263,8 +263,9 @@ class TrainConfig:
     # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
     SHAPE_FIELDS = ("model", "embedding_size", "deep_layers", "batch_norm", "optimizer",
                     "table_updates")
-    POSITION_FIELDS = ("batch_size", "seed", "shuffle_buffer", "read_block", "cache", "mode",
-                       "train_data")
+    # train_data first: shuffle_buffer auto follows the data, and a change of data is the news.
+    POSITION_FIELDS = ("train_data", "batch_size", "seed", "shuffle_buffer", "read_block",
+                       "cache", "mode")
 
     def __post_init__(self):
         # One name for each thread setting: the three fields above (flags, hyperparameters,
