@@ -108,7 +108,7 @@ def test_splits_agree_on_the_table_or_the_split_is_refused_by_name(tmp_path):
 
 def test_help_shows_every_default_and_the_sample_settings_are_accepted(tmp_path, data):
     r = run_cli("train", "--help")
-    for text in ("(default: 0.001)", "(default: 10000)", "(default: 256,128,64)",
+    for text in ("(default: 0.001)", "(default: auto)", "(default: 256,128,64)",
                  "(default: 1e-07)", "--adam-beta1", "--l2-embedding", "--eval-every",
                  "(default: 1000)", "--config"):
         assert text in r.stdout, text
