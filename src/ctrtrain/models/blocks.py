@@ -359,7 +359,7 @@ def field_major(w, m: int):
     """w [H m, H_k] (row i m + j: map i of the layer before times field j, the paper's order)
     with its rows in the order of outer_rows(x0, x), j H + i: the gradient's kernel then runs
     over H contiguous values (128, whole vectors) instead of m (39: two vectors and a ragged
-    rest), 2x faster."""
+    rest)."""
     return tf.reshape(tf.transpose(tf.reshape(w, [-1, m, w.shape[1]]), [1, 0, 2]),
                       [-1, w.shape[1]])
 
