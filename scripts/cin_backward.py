@@ -1,7 +1,9 @@
-"""xDeepFM's CIN alone, forward and backward, measured with TensorFlow's ops (the full row-wise
-outer products, their gradient two Muls and two Sums over [B D, H m]) and with the kernels
-(the first layer over the distinct pairs of fields, CtrPairProduct, half its matmul; every
-product's gradient in one pass, CtrOuterProductGrad); float32 and bfloat16
+"""xDeepFM's CIN alone, forward and backward, three ways: the paper's form with TensorFlow's
+ops (every layer per embedding dimension, then summed; the full row-wise outer products,
+their gradient two Muls and two Sums over [B D, H m]); the same with the kernels (the first
+layer over the distinct pairs of fields, CtrPairProduct, half its matmul; every product's
+gradient in one pass, CtrOuterProductGrad); and the kernels with the last layer summed over
+the dimensions first (CIN.pool_last_first, the default). float32 and bfloat16
 (`--mixed-precision`'s CIN). The reference shapes: a batch of 1,024, 39 fields, embedding 16,
 maps 128,128; 10 calls x 7 rounds, the ways timed alternately, medians in ms a step:
 
@@ -26,8 +28,12 @@ def main():
     vectors = tf.random.normal([batch, 39, 16], stddev=0.1)
     calls = {}
     for dtype in ("float32", "bfloat16"):
-        cin = CIN(39, [128, 128], seed=1, mixed_precision=dtype == "bfloat16")
-        for way, on in (("tensorflow's ops", False), ("the kernels", True)):
+        ways = (("tensorflow's ops, per dimension", False, False),
+                ("the kernels, per dimension", True, False),
+                ("the kernels, last pooled first", True, True))
+        for way, on, first in ways:
+            cin = CIN(39, [128, 128], seed=1, mixed_precision=dtype == "bfloat16")
+            cin.pool_last_first = first
             kernels.set_enabled(on)
 
             @tf.function
@@ -49,7 +55,7 @@ def main():
                 [g.numpy() for g in f(vectors)[:1]]
             times[k].append((time.perf_counter() - t) / 10 * 1e3)
     for k, v in times.items():
-        print(f"{k:32s} {statistics.median(v):7.1f} ms  ({' / '.join(f'{x:.1f}' for x in v)})")
+        print(f"{k:42s} {statistics.median(v):7.1f} ms  ({' / '.join(f'{x:.1f}' for x in v)})")
 
 
 if __name__ == "__main__":

@@ -367,14 +367,15 @@ def _pair_grad(g, x):
 
 
 def test_the_cin_and_its_gradient_are_tensorflows_with_the_one_pass_gradient():
-    """The CIN (maps 7, 5 over 11 fields, embedding 6) with the kernels (the first layer over
-    the distinct pairs, folded weights) and with TensorFlow's ops (the full products): the same
-    output and the same gradients of the embeddings and of every layer's weights."""
+    """The CIN (maps 7, 5, 4 over 11 fields, embedding 6) with the kernels (the first layer
+    over the distinct pairs, folded weights; the second's products in one pass) and with
+    TensorFlow's ops (the full products): the same output and the same gradients of the
+    embeddings and of every layer's weights."""
     from ctrtrain.models.blocks import CIN
     rng = np.random.default_rng(6)
     v = tf.constant(rng.normal(0, 0.5, (64, 11, 6)).astype(np.float32))
-    up = tf.constant(rng.normal(size=(64, 12)).astype(np.float32))
-    cin = CIN(11, [7, 5], seed=2)
+    up = tf.constant(rng.normal(size=(64, 16)).astype(np.float32))
+    cin = CIN(11, [7, 5, 4], seed=2)
 
     def run(fused):
         kernels.set_enabled(fused)

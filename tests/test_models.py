@@ -195,6 +195,34 @@ def test_xdeepfm_mixed_precision_computes_the_cin_in_bfloat16():
     np.testing.assert_allclose(half, full, rtol=0.05, atol=0.02 * np.abs(full).max())
 
 
+@pytest.mark.parametrize("layers", [(6,), (6, 5), (6, 5, 4)])
+def test_the_cins_last_layer_pooled_first_is_the_per_dimension_form(layers):
+    """The last layer summed over the dimensions before its weights (inner products, then
+    W^K once per example) against the paper's order (W^K per dimension, then the sum): the
+    same output and the same gradients of the embeddings and of every weight, with one
+    layer (X^0 by itself), two and three; and in bfloat16 to its precision."""
+    from ctrtrain.models.blocks import CIN
+    rng = np.random.default_rng(4)
+    v = tf.constant(rng.normal(0, 0.5, (32, 9, 5)).astype(np.float32))
+    up = tf.constant(rng.normal(size=(32, sum(layers))).astype(np.float32))
+
+    def run(cin, first):
+        cin.pool_last_first = first
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            out = cin(v)
+            loss = tf.reduce_sum(out * up)
+        grads = tape.gradient(loss, [v] + cin.variables_to_update())
+        return [out.numpy()] + [g.numpy() for g in grads]
+
+    for mixed, tol in ((False, 1e-5), (True, 0.05)):
+        cin = CIN(9, list(layers), seed=3, mixed_precision=mixed)
+        for b in cin.biases:                            # zero at the start: not here
+            b.assign(rng.normal(size=b.shape))
+        for f, r in zip(run(cin, True), run(cin, False)):
+            np.testing.assert_allclose(f, r, rtol=tol, atol=tol * max(1.0, np.abs(r).max()))
+
+
 def test_dlrm_without_numeric_fields_interacts_the_embeddings_alone():
     """The fixed schema (values scale ids' rows): no bottom MLP; the top MLP reads the dot
     products of every two fields' embeddings."""

@@ -305,7 +305,16 @@ class CIN(tf.Module):
     Where the kernels run, the products are written, and their gradient read, in one pass
     (outer_rows), and the first layer, X^0 by itself, multiplies each distinct pair of fields
     once with the weights of (i, j) and (j, i) added (fold_pairs): half its matmul. The same
-    function and gradients as the paper's form, which runs where they do not."""
+    function and gradients as the paper's form, which runs where they do not.
+
+    The last layer's maps feed only the sum over the dimensions, and the layer is linear, so
+    the sum is taken first: sum_d X^K_h = sum_{i,j} W^K_{h,i,j} <X^{K-1}_i, X^0_j> + D b_h,
+    the inner products over the D dimensions a batched [H, D] x [D, m] matmul and W^K applied
+    once per example instead of once per dimension: D (16) times fewer multiplications for
+    that layer, which at the paper's 128,128 maps was 6/7 of the CIN's (`pool_last_first`
+    False computes it per dimension, as the paper writes it, for comparison)."""
+
+    pool_last_first = True
 
     def __init__(self, fields: int, layers, seed: int = 0, mixed_precision: bool = False,
                  name="cin"):
@@ -328,8 +337,11 @@ class CIN(tf.Module):
         """vectors [B, m, D] -> [B, sum of the layers' widths]."""
         m, d = vectors.shape[1], vectors.shape[2]
         x0 = tf.reshape(tf.transpose(tf.cast(vectors, self.dtype), [0, 2, 1]), [-1, m])  # [B D, m]
-        x, pooled = x0, []
+        x, pooled, last = x0, [], len(self.kernels) - 1
         for k, (w, b) in enumerate(zip(self.kernels, self.biases)):
+            if k == last and self.pool_last_first:
+                pooled.append(self._pooled_layer(x0, x, w, b, d))
+                break
             # One 2-D matmul over all B x D rows: a [B, D, H m] x [H m, H_k] matmul runs as B
             # small ones (3x slower at the paper's 128,128 maps).
             if k == 0 and kernels.usable_here():     # X^0 by itself: each pair once
@@ -340,6 +352,17 @@ class CIN(tf.Module):
             pooled.append(tf.reduce_sum(tf.cast(tf.reshape(x, [-1, d, w.shape[1]]), tf.float32),
                                         1))
         return tf.concat(pooled, 1)
+
+    def _pooled_layer(self, x0, x, w, b, d: int):
+        """sum_d of a layer's maps [B, H_k] from x0 [B D, m] and x [B D, H]: the inner
+        products over d summed in float32 (as the pooling of the other layers), row i m + j
+        of w's paper order, then the weights in the CIN's precision."""
+        def per_example(t):                                     # [B D, n] -> [B, D, n]
+            return tf.reshape(tf.cast(t, tf.float32), [-1, d, t.shape[1]])
+        inner = tf.matmul(per_example(x), per_example(x0), transpose_a=True)   # [B, H, m]
+        inner = tf.reshape(inner, [-1, w.shape[0]])
+        out = tf.matmul(tf.cast(inner, self.dtype), tf.cast(w, self.dtype))
+        return tf.cast(out, tf.float32) + d * b
 
 
 def fold_pairs(w, m: int):
