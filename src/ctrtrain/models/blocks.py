@@ -299,8 +299,8 @@ class CIN(tf.Module):
 
     `mixed_precision`: the products and matmuls in bfloat16 (float32 master weights, the
     pooling in float32), as the MLP: bfloat16 matmuls run 2.2x float32's on a CPU with
-    AVX512_BF16 and the [B, D, H m] products are half the bytes (xDeepFM's step 1.3x faster:
-    docs/models.md, Speed).
+    AVX512_BF16 and the [B, D, H m] products are half the bytes (xDeepFM's step 1.21x faster
+    at the reference shapes: docs/models.md, Speed).
 
     Where the kernels run, the products are written, and their gradient read, in one pass
     (outer_rows), and the first layer, X^0 by itself, multiplies each distinct pair of fields
