@@ -8,8 +8,9 @@ on a 2-core machine is taken from the training step.
 Variants, each in its own process, alternated over 3 rounds, medians printed: the default
 (records moved in blocks of 16; vectorized tf.io.parse_example after batching; the files
 interleaved by one thread on a machine of up to 4 cores), records moved one by one, the files
-interleaved by tf.data's threads or by one, parsing record by record, and the default without
-the shuffle buffer.
+interleaved by tf.data's threads or by one, parsing record by record, the default without
+the shuffle buffer, and `cache` (every record parsed once before the first batch, outside the
+measured batches; each batch then gathered from memory).
 """
 import json
 import resource
@@ -24,7 +25,8 @@ VARIANTS = {"default": {},
             "files read by threads": {"read_threads": True},
             "files read in one thread": {"read_threads": False},
             "parse record by record": {"parse": "scalar"},
-            "no shuffle buffer": {"shuffle_buffer": 0}}
+            "no shuffle buffer": {"shuffle_buffer": 0},
+            "cache": {"cache": True}}
 
 
 def measure(data: str, settings: dict, batches: int = 300) -> dict:

@@ -185,6 +185,19 @@ def test_bad_records_are_named_by_train_and_predict(tmp_path, model, case, recor
     assert not (tmp_path / "p.csv").exists()
 
 
+def test_cached_data_is_checked_whole_before_the_first_step(tmp_path):
+    """With `--cache` every record is parsed and checked at once: a bad id far past the two
+    steps' records (and what the reader prefetches) is named by file and record before
+    training starts."""
+    labels, ids, values = synthetic(n=40_000)
+    ids[39_999, 7] = 2000
+    d = tmp_path / "d"
+    write_tfrecord_dir(d, labels, ids, values, 2000)
+    refused("train", "--train", d, "--model-dir", tmp_path / "m", "--steps", 2,
+            "--batch-size", 256, "--cache", "--shuffle-buffer", 0, "--quiet",
+            match=f"{d / 'part-0.tfrecord'}, record 39999: id 2000 (field 7) is outside [0, 2000)")
+
+
 def test_libsvm_directory_with_bad_labels_is_named(tmp_path):
     from ctrtrain.data.manifest import FileEntry, Manifest, sha256_file
     d = tmp_path / "lib"

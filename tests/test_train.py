@@ -99,6 +99,50 @@ def test_resume_skips_to_the_same_batches(synth):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.tf215
+def test_cache_parses_once_and_draws_every_record_each_epoch(synth):
+    """`cache`: the records parsed once and held as tensors; each epoch a permutation of all
+    of them, single records (not runs of a file's consecutive blocks), another each epoch, the
+    same for a seed, so a resumed reader skips to the same batches; shuffle_buffer 0 keeps the
+    read order; two readers sharded by record hold disjoint halves."""
+    from ctrtrain.input.pipeline import PipelineConfig, dataset_from_dir
+    root, _ = synth
+    train, b = root / "tf" / "train", 1000
+
+    def epoch(ds, batches):
+        return np.concatenate([x["ids"].numpy() for _, x in zip(range(batches), ds)])
+    stream, m = dataset_from_dir(train, PipelineConfig(batch_size=b, shuffle_buffer=0))
+    n = m.records // b
+    assert m.records % b == 0
+    read_order = epoch(stream, n)
+    position = {bytes(r): i for i, r in enumerate(read_order)}
+    assert len(position) == m.records                                 # rows tell records apart
+    cfg = PipelineConfig(batch_size=b, shuffle_buffer=1000, seed=7, cache=True)
+    cached = iter(dataset_from_dir(train, cfg)[0])
+    epochs = [epoch(cached, n) for _ in range(3)]
+    for e in epochs:
+        at = np.array([position[bytes(r)] for r in e])
+        assert sorted(at) == list(range(m.records))                   # each record once
+        assert np.mean(np.diff(at) == 1) < 0.01                       # single records
+    assert not np.array_equal(epochs[0], epochs[1])
+    resumed, _ = dataset_from_dir(train, cfg, skip_batches=n + 3)
+    np.testing.assert_array_equal(next(iter(resumed))["ids"].numpy(),
+                                  epochs[1][3 * b:4 * b])
+    ordered, _ = dataset_from_dir(train, PipelineConfig(batch_size=b, shuffle_buffer=0,
+                                                        cache=True))
+    np.testing.assert_array_equal(epoch(ordered, n), read_order)
+    halves = [epoch(dataset_from_dir(train, cfg, record_shard=(2, i))[0], n // 2) for i in (0, 1)]
+    assert sorted(position[bytes(r)] for h in halves for r in h) == list(range(m.records))
+
+
+def test_cache_through_the_data_service_is_refused_by_name():
+    from ctrtrain.errors import ConfigError
+    from ctrtrain.train.config import TrainConfig, check_config
+    with pytest.raises(ConfigError, match="cache: through tf.data service"):
+        check_config(TrainConfig(train_dir="d", model_dir="m", cache=True,
+                                 data_service="grpc://localhost:5000"))
+
+
 def test_a_resumed_run_through_the_data_service_skips_what_it_consumed(synth, tmp_path):
     """Through tf.data service a resumed run's service job starts the data anew; the consumer
     drops the batches it had consumed (training_dataset), so it goes on with the data after

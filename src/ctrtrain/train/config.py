@@ -137,8 +137,9 @@ class TrainConfig:
     shuffle_buffer: int | str = setting(
         "auto", "data", "records in the shuffle buffer (0: no shuffling); auto: the whole "
         "training split where it holds at most 256 MB, else 10,000", _auto_or(number(int, 0)))
-    cache: bool = setting(False, "data", "keep the training records in memory after the first "
-                          "epoch", _bool)
+    cache: bool = setting(False, "data", "parse the training records once and keep them in "
+                          "memory; each epoch a new permutation of every record (the shuffle "
+                          "buffer and read_block then do not apply)", _bool)
     read_block: int = setting(16, "data", "records read, shuffled and batched together "
                               "(1: one by one, the shuffle drawing single records)",
                               number(int, 1))
@@ -403,6 +404,9 @@ def check_config(cfg: TrainConfig):
     if cfg.fields and cfg.input_mode != "Pipe":
         raise ConfigError("fields is for a Pipe channel: File data declares its fields in its "
                           "manifest")
+    if cfg.cache and cfg.data_service:
+        raise ConfigError("cache: through tf.data service the service's workers read and parse "
+                          "the data, not this process; use one or the other")
     if cfg.input_mode == "Pipe":
         if not isinstance(cfg.train_dir, str):
             raise ConfigError(f"Pipe channel: one FIFO prefix, not {len(cfg.train_dir)} paths")
