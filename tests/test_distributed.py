@@ -112,6 +112,22 @@ def test_allreduce_uneven_shards_run_equal_steps(tmp_path, data):
     assert all(code == 0 for code in job["exit_codes"].values())
 
 
+@pytest.mark.slow
+def test_allreduce_with_cache_holds_each_hosts_part_and_matches_single_process(tmp_path, data,
+                                                                               single):
+    """`cache` in a job of two hosts (all-reduce, ShardedByS3Key): each process parses its own
+    files once and draws them in its own order; the job trains as many steps as one process
+    on the whole data (streaming) and ends within the tolerance of its AUC."""
+    r, job, _ = launch(tmp_path, "deepfm-allreduce", data, sharded=True,
+                       hyperparameters={"epochs": 1, "batch_size": 128, "cache": True},
+                       instance_groups=[{"name": "train", "hosts": 2, "processes_per_host": 1}])
+    assert all(code == 0 for code in job["exit_codes"].values())
+    assert r["global_batch"] == 256
+    recorded = json.loads((tmp_path / "run" / "checkpoints" / "train_config.json").read_text())
+    assert recorded["cache"] is True
+    assert_like_single(r, single[256, 1])
+
+
 # Asynchronous updates cost quality (stale gradients while the embeddings move fast): with the
 # single-process learning rate, 2 workers trailed single-process training by 0.000-0.011 AUC
 # over runs on this small set; with half the rate, as the issue allows, by up to 0.006 (one CI
