@@ -139,6 +139,18 @@ def deepctr_python() -> str | None:
     return os.environ.get("CTRTRAIN_DEEPCTR_PYTHON") or None
 
 
+def test_a_quality_variant_may_carry_several_settings():
+    """--variants: commas part the runs, and the settings of one run (key=value after its
+    `:`), as `ctrtrain bench quality --help` shows."""
+    from ctrtrain.bench.quality import split_variants, variant_settings
+    runs = split_variants("auto,catchup:adam_epsilon=1e-8,output_bias=zero,dense:cache=true")
+    assert runs == ["auto", "catchup:adam_epsilon=1e-8,output_bias=zero", "dense:cache=true"]
+    assert variant_settings(runs[1]) == {"table_updates": "catchup", "adam_epsilon": 1e-8,
+                                         "output_bias": "zero"}
+    with pytest.raises(ConfigError, match="not_a_setting"):
+        variant_settings(split_variants("auto:cache=true,not_a_setting=1")[0])
+
+
 @pytest.mark.slow
 def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
     """The quality benchmark end to end on a small long-tailed set: ctrtrain's catchup and

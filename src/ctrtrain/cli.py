@@ -302,6 +302,7 @@ def cmd_inspect(a):
 
 
 def _bench_commands(sub):
+    from .bench.quality import split_variants
     from .train.config import TABLE_UPDATES
     bench = sub.add_parser("bench", help="benchmarks (examples/s, median of runs)")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="WHAT")
@@ -352,9 +353,9 @@ def _bench_commands(sub):
                    help="a data set: DIR holds train/, valid/ and test/ (repeatable; default: "
                         "a synthetic long-tail set made in --work-dir)")
     p.add_argument("--epochs", type=POSITIVE, default=3)
-    p.add_argument("--variants", type=lambda s: s.split(","), default=["auto", *TABLE_UPDATES],
-                   help="ctrtrain runs: a table_updates, optionally with settings "
-                        "(catchup:adam_epsilon=1e-8,output_bias=zero)")
+    p.add_argument("--variants", type=split_variants, default=["auto", *TABLE_UPDATES],
+                   help="ctrtrain runs, comma-separated: a table_updates, optionally with "
+                        "settings (auto,catchup:adam_epsilon=1e-8,output_bias=zero is two runs)")
     p.add_argument("--batch-size", type=POSITIVE, default=None,
                    help="instead of the protocol's 1024 (data sets of a few thousand rows)")
     p.add_argument("--deepctr-python", default=None,

@@ -49,6 +49,19 @@ def long_tail_data(work: Path) -> Path:
     return out
 
 
+def split_variants(text: str) -> list[str]:
+    """`auto,catchup:adam_epsilon=1e-8,output_bias=zero` -> ["auto", "catchup:adam_epsilon=1e-8,
+    output_bias=zero"]: a comma starts a new variant unless what follows is one more setting
+    (key=value without a `:`) of the one before."""
+    variants: list[str] = []
+    for piece in text.split(","):
+        if variants and "=" in piece and ":" not in piece:
+            variants[-1] += "," + piece
+        else:
+            variants.append(piece)
+    return variants
+
+
 def variant_settings(variant: str) -> dict:
     """`catchup` or `catchup:adam_epsilon=1e-8,output_bias=zero`: table_updates and other
     training settings (by their names in `ctrtrain train --help`)."""
