@@ -277,16 +277,31 @@ def test_din_names_the_fields_it_needs():
 
 
 @pytest.mark.parametrize("setting, value", [("deep_layers", (400, 400)), ("dropout", 0.5),
-                                            ("embedding_size", 8)])
+                                            ("embedding_size", 8), ("embedding_init", 1e-4)])
 def test_a_setting_the_model_does_not_read_is_refused_by_name(setting, value):
     from ctrtrain.errors import ConfigError
     from ctrtrain.train.config import TrainConfig, check_config
     with pytest.raises(ConfigError, match=f"^{setting}: model lr does not use it"):
         check_config(TrainConfig(train_dir="d", model_dir="m", model="lr", **{setting: value}))
     check_config(TrainConfig(train_dir="d", model_dir="m", model="deepfm", **{setting: value}))
-    if setting != "embedding_size":
+    if setting not in ("embedding_size", "embedding_init"):
         with pytest.raises(ConfigError, match=f"^{setting}: model fm does not use it"):
             check_config(TrainConfig(train_dir="d", model_dir="m", model="fm", **{setting: value}))
+
+
+@pytest.mark.parametrize("model,setting,std", [("deepfm", None, 1e-4), ("xdeepfm", None, 1e-4),
+                                               ("fm", None, 0.01), ("deepfm", 0.01, 0.01)])
+def test_embedding_init_is_the_tables_initial_spread(model, setting, std):
+    """The embeddings start normal around 0 with standard deviation `embedding_init`; by
+    default the model's: 1e-4 as DeepCTR and FuxiCTR, FM 0.01. The first-order column
+    starts at 0."""
+    from ctrtrain.models import build_model
+    from ctrtrain.train.config import TrainConfig, model_config
+    cfg = TrainConfig(train_dir="d", model_dir="m", model=model, embedding_init=setting)
+    table = build_model(model_config(cfg, feature_size=20_000, field_size=4)).table.numpy()
+    assert not table[:, 0].any()
+    assert table[:, 1:].mean() == pytest.approx(0.0, abs=std / 20)
+    assert table[:, 1:].std() == pytest.approx(std, rel=0.01)
 
 
 def test_an_unknown_model_or_a_wrong_option_is_named(tmp_path):

@@ -16,7 +16,7 @@ from typing import Callable
 from ..values import boolean, choice, items, number
 
 # The shared settings of a model with an MLP.
-DEEP = ("embedding_size", "deep_layers", "dropout", "batch_norm", "l2_dense", "xla",
+DEEP = ("embedding_size", "embedding_init", "deep_layers", "dropout", "batch_norm", "l2_dense", "xla",
         "mixed_precision")
 
 
@@ -40,7 +40,7 @@ class Entry:
 MODELS = {
     "lr": Entry("lr:LR", "logistic regression: a weight per id"),
     "fm": Entry("fm:FM", "factorization machine: first order + pairwise embedding products",
-                ("embedding_size",)),
+                ("embedding_size", "embedding_init")),
     "deepfm": Entry("deepfm:DeepFM", "DeepFM: FM + an MLP over the embeddings", DEEP),
     "wide_deep": Entry("wide_deep:WideDeep", "Wide & Deep: a weight per id + an MLP over the "
                        "embeddings", DEEP),
@@ -59,7 +59,7 @@ MODELS = {
                          "cin_layers": Option((128, 128), "feature maps of each CIN layer, e.g. "
                                               "128,128", items(number(int, 1)))}),
     "autoint": Entry("autoint:AutoInt", "AutoInt: multi-head self-attention over the fields",
-                     ("embedding_size", "l2_dense"), {
+                     ("embedding_size", "embedding_init", "l2_dense"), {
                          "attention_layers": Option(3, "interacting (self-attention) layers",
                                                     number(int, 1)),
                          "attention_heads": Option(2, "heads per layer", number(int, 1)),

@@ -26,6 +26,8 @@ class ModelConfig:
     batch_norm: bool = False
     l2_dense: float = 0.0         # l2_dense * tf.nn.l2_loss(kernel) per dense kernel (the
                                   # table's L2 is its optimizer's: engine/updates.py)
+    embedding_init: float | None = None  # the embeddings' initial standard deviation (None:
+                                         # the model's, CTRModel.embedding_init)
     mixed_precision: bool = False # bfloat16 MLP (and CIN) compute, float32 master weights
     xla: bool = False             # XLA-compile the MLP (the sparse part has dynamic shapes)
     seed: int = 0
@@ -49,6 +51,12 @@ class CTRModel(tf.Module):
     table one column wide), and define `build` and `terms`."""
     first_order = True
     embeds = True
+    # The embeddings start normal around 0 with this standard deviation unless the run says
+    # (ModelConfig.embedding_init): the field's model zoos' 1e-4 (DeepCTR's SparseFeat,
+    # FuxiCTR's FeatureEmbedding). ctrtrain's earlier 0.01 let xDeepFM's validation pick
+    # earlier, weaker epochs on MovieLens-100K (docs/quality.md, "The embeddings' initial
+    # scale"). A model whose embeddings meet only each other (FM) overrides it.
+    embedding_init = 1e-4
     unique_gradients = EmbeddingTable.unique_gradients
 
     def __init__(self, cfg: ModelConfig, name: str | None = None):
@@ -62,6 +70,8 @@ class CTRModel(tf.Module):
                         **cfg.options}
         if not self.embeds:
             cfg = dataclasses.replace(cfg, embedding_size=0)
+        if cfg.embedding_init is None:
+            cfg = dataclasses.replace(cfg, embedding_init=self.embedding_init)
         self.embeddings = EmbeddingTable(cfg, self.first_order)
         # Starting at the data's base rate, early steps are calibrated on rare-positive data
         # instead of spending themselves on moving the bias from 0.5.

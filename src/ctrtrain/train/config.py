@@ -149,6 +149,10 @@ class TrainConfig:
     model: str = setting("deepfm", "model", "the model: " + "; ".join(
         f"{name} ({e.summary})" for name, e in MODELS.items()), _choice(*MODELS))
     embedding_size: int = setting(16, "model", "k, the embedding width", number(int, 1))
+    embedding_init: float | None = setting(
+        None, "model", "standard deviation of the embeddings' initial values, normal around 0 "
+        "(default: the model's: 0.0001 as DeepCTR's and FuxiCTR's; fm 0.01)",
+        number(float, 0, optional=True))
     deep_layers: tuple[int, ...] = setting((256, 128, 64), "model", "MLP widths, e.g. 400,400,400",
                                            items(number(int, 1)))
     dropout: float | tuple[float, ...] = setting(
@@ -497,6 +501,7 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
         bias = math.log(positive_rate / (1 - positive_rate))
     return ModelConfig(feature_size, field_size, cfg.embedding_size, tuple(cfg.deep_layers),
                         cfg.dropout_rates, cfg.batch_norm, l2_dense=l2d,
+                        embedding_init=cfg.embedding_init,
                         mixed_precision=cfg.mixed_precision, xla=cfg.xla, seed=cfg.seed,
                         initial_bias=bias,
                         numeric_fields=len(schema.of("numeric")) if schema else 0,

@@ -126,7 +126,7 @@ class EmbeddingTable(tf.Module):
         self.cfg, self.first_order = cfg, first_order
         k = cfg.embedding_size
         self.width = int(first_order) + k
-        init_v = tf.random_normal_initializer(0.0, 0.01, seed=cfg.seed)
+        init_v = tf.random_normal_initializer(0.0, cfg.embedding_init, seed=cfg.seed)
         rows = cfg.feature_size + cfg.numeric_fields
         if first_order:
             init = lambda: tf.concat([tf.zeros([rows, 1]), init_v([rows, k])], 1)  # noqa: E731
