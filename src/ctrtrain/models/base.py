@@ -12,7 +12,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from .engine.tables import EmbeddingTable, shards
+from .engine.tables import EMBEDDING_INIT, EmbeddingTable, shards
 
 
 @dataclasses.dataclass
@@ -56,7 +56,7 @@ class CTRModel(tf.Module):
     # FuxiCTR's FeatureEmbedding). ctrtrain's earlier 0.01 let xDeepFM's validation pick
     # earlier, weaker epochs on MovieLens-100K (docs/quality.md, "The embeddings' initial
     # scale"). A model whose embeddings meet only each other (FM) overrides it.
-    embedding_init = 1e-4
+    embedding_init = EMBEDDING_INIT
     unique_gradients = EmbeddingTable.unique_gradients
 
     def __init__(self, cfg: ModelConfig, name: str | None = None):

@@ -114,6 +114,11 @@ class _Lookup:
         return tf.gather(self.table_rows, where) * values[:, None]
 
 
+# The embeddings' initial standard deviation where the model does not say
+# (models/base.py CTRModel.embedding_init): the field's model zoos' 1e-4.
+EMBEDDING_INIT = 1e-4
+
+
 class EmbeddingTable(tf.Module):
     unique_gradients = True  # sparse gradients have distinct indices (see module docstring)
 
@@ -126,7 +131,8 @@ class EmbeddingTable(tf.Module):
         self.cfg, self.first_order = cfg, first_order
         k = cfg.embedding_size
         self.width = int(first_order) + k
-        init_v = tf.random_normal_initializer(0.0, cfg.embedding_init, seed=cfg.seed)
+        std = EMBEDDING_INIT if cfg.embedding_init is None else cfg.embedding_init
+        init_v = tf.random_normal_initializer(0.0, std, seed=cfg.seed)
         rows = cfg.feature_size + cfg.numeric_fields
         if first_order:
             init = lambda: tf.concat([tf.zeros([rows, 1]), init_v([rows, k])], 1)  # noqa: E731
