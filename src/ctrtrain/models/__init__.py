@@ -16,8 +16,8 @@ from typing import Callable
 from ..values import boolean, choice, items, number
 
 # The shared settings of a model with an MLP.
-DEEP = ("embedding_size", "embedding_init", "deep_layers", "dropout", "batch_norm", "l2_dense", "xla",
-        "mixed_precision")
+DEEP = ("embedding_size", "embedding_init", "deep_layers", "dropout", "batch_norm", "l2_dense",
+        "xla", "mixed_precision")
 
 
 @dataclasses.dataclass(frozen=True)
