@@ -98,8 +98,12 @@ def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:
     if _is_data_dir(ch):
         m = read_manifest(ch.path)
         keep = {os.path.relpath(f, ch.path) for f in files}
+        whole = m.records
         m.files = [type(e)(e.path, e.records, e.bytes, e.sha256) for e in m.files if e.path in keep]
-        m.positives = 0  # unknown for a share
+        # Positives are counted per set, not per file: a share is given the set's rate, so
+        # that every host starts from the prior output bias one process reading the whole
+        # set starts from (output_bias prior; exact when the host has every file).
+        m.positives = round(m.positives * m.records / whole) if whole else 0
         if m.vocabulary and os.path.exists(os.path.join(ch.path, m.vocabulary)):
             shutil.copy2(os.path.join(ch.path, m.vocabulary), dest / m.vocabulary)
         m.write(dest)
