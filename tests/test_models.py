@@ -115,7 +115,8 @@ def np_din_block(m, s, f):
 
 @pytest.mark.parametrize("name,options", [
     ("lr", {}), ("fm", {}), ("deepfm", {}), ("wide_deep", {}),
-    ("dcn_v2", {}), ("dcn_v2", {"cross_structure": "stacked", "cross_rank": 2}),
+    ("dcn_v2", {}), ("dcn_v2", {"dcn_linear": False}),
+    ("dcn_v2", {"cross_structure": "stacked", "cross_rank": 2}),
     ("xdeepfm", {"cin_layers": (3, 2)}), ("autoint", {"attention_layers": 2}),
     ("dlrm", {"bottom_layers": (6,)}), ("din", {"din_attention_units": (5, 2)})])
 def test_each_model_computes_its_papers_logit(name, options):
@@ -167,13 +168,18 @@ def test_each_model_computes_its_papers_logit(name, options):
         assert width == 3 and m.dense_variables()[1:] == m.attention.variables_to_update() + \
             m.mlp.variables_to_update()
         want = np_mlp(m.mlp, np_din_block(m, s, f).reshape(len(s), -1))[:, 0]
-    elif options.get("cross_structure") == "stacked":    # dcn_v2: no first order
-        assert width == 3 and m.cross.rank == 2
-        want = np_mlp(m.mlp, np_cross(m.cross, flat))[:, 0]
-    else:
-        assert width == 3 and len(m.cross.biases) == 3
-        both = np.concatenate([np_cross(m.cross, flat), np_mlp(m.mlp, flat)], 1)
-        want = np_mlp(m.out, both)[:, 0]
+    else:                    # dcn_v2: the linear term (DeepCTR's) unless dcn_linear false
+        linear = options.get("dcn_linear", True)
+        assert width == 3 + linear
+        x0 = (e if linear else s).reshape(len(s), -1)  # the cross network never reads w
+        if options.get("cross_structure") == "stacked":
+            assert m.cross.rank == 2
+            want = np_mlp(m.mlp, np_cross(m.cross, x0))[:, 0]
+        else:
+            assert len(m.cross.biases) == 3
+            deep = np_mlp(m.mlp, flat, no_first) if linear else np_mlp(m.mlp, flat)
+            want = np_mlp(m.out, np.concatenate([np_cross(m.cross, x0), deep], 1))[:, 0]
+        want = want + first if linear else want
     np.testing.assert_allclose(logits.numpy(), 0.25 + want, rtol=1e-4, atol=1e-5)
     assert l2 == 0.0
 
@@ -315,6 +321,26 @@ def test_an_unknown_model_or_a_wrong_option_is_named(tmp_path):
     r = run_cli("train", "--train", tmp_path, "--model-dir", tmp_path / "m", "--model", "dcn_v2",
                 "--cross-structure", "diagonal", check=False)
     assert r.returncode == 2 and "'diagonal' is not one of parallel, stacked" in r.stderr
+
+
+def test_a_dcn_v2_run_from_before_its_linear_term_resumes_only_without_it(tmp_path, data):
+    """dcn_linear (default true) came after DCN-v2 trained without a linear term: a model
+    directory recorded then holds no weight column, and is refused by name, not by a shape
+    error deep in the checkpoint, unless the run says --no-dcn-linear."""
+    md = tmp_path / "m"
+    base = ["train", "--train", data / "train", "--model-dir", md, "--model", "dcn_v2",
+            "--batch-size", 256, "--quiet", "--no-export", "--embedding-size", 4,
+            "--deep-layers", "8", "--cross-layers", 1]
+    code, _, err = cli(*base, "--steps", 4, "--no-dcn-linear")
+    assert code == 0, err
+    record = json.loads((md / "train_config.json").read_text())
+    del record["dcn_linear"]                                  # as recorded before it existed
+    (md / "train_config.json").write_text(json.dumps(record))
+    code, _, err = cli(*base, "--steps", 6)
+    assert code == 2 and "dcn_linear=False" in err, err
+    code, _, err = cli(*base, "--steps", 6, "--no-dcn-linear")
+    assert code == 0, err
+    assert json.loads((md / "result.json").read_text())["resumed_from"] == 4
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ The model is built as people use DeepCTR on Criteo-style data: a field whose id 
 (a numeric column: one id, its value varying) is a DenseFeat of its value; every other field
 is a SparseFeat of its id, all fields sharing one table of feature_size rows (as ctrtrain's
 model does), with DeepCTR's dense (whole-table) L2 and Keras 2's dense Adam. DeepCTR's DCN
-adds a linear part over the ids, which the paper's DCN-v2 (and ctrtrain's) has not.
+adds a linear part over the ids, which the paper's DCN-v2 has not (ctrtrain's has it by
+default: dcn_linear).
 
 Declared fields (the arrays' `fields`, docs/fields.md) are DeepCTR's own column types, still
 on the one shared table: a categorical field (and a bucketized numeric field's bucket id) a

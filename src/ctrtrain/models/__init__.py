@@ -53,7 +53,9 @@ MODELS = {
                             choice("parallel", "stacked")),
                         "cross_rank": Option(0, "rank of each cross layer's weights: 0 full "
                                              "(d x d), r > 0 low rank (U V^T, d x r each)",
-                                             number(int, 0))}),
+                                             number(int, 0)),
+                        "dcn_linear": Option(True, "a weight per id added to the logit, as in "
+                                             "DeepCTR's DCN (the paper's has none)", boolean)}),
     "xdeepfm": Entry("xdeepfm:XDeepFM", "xDeepFM: a weight per id + a compressed interaction "
                      "network + an MLP over the embeddings", DEEP, {
                          "cin_layers": Option((128, 128), "feature maps of each CIN layer, e.g. "

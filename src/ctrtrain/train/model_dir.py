@@ -72,6 +72,8 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
                               "before resuming; --fresh starts over") from None
         # Runs from before a setting existed trained as its first value did.
         old = {"table_updates": "lazy", "model": "deepfm", **old}
+        if old["model"] == "dcn_v2":    # recorded before dcn_linear: it trained without
+            old.setdefault("dcn_linear", False)
         for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size") + TrainConfig.POSITION_FIELDS:
             if k in old and old[k] != record[k]:
                 what = "data position" if k in TrainConfig.POSITION_FIELDS else "model"
