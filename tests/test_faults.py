@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import run_cli
-from test_distributed import AUC_TOLERANCE, PS_HP, PS_ONE_HOST, channels
+from test_distributed import AUC_TOLERANCE, PS_HP, PS_ONE_HOST, channels, launch
 from test_launch import alive, spec_from_example
 
 
@@ -19,6 +19,22 @@ from test_launch import alive, spec_from_example
 def data(synth_data):
     """The data of test_distributed.py, so that its single-process baselines serve here too."""
     return synth_data(rows=40_000, feature_size=2_000, seed=3)[0] / "tf"
+
+
+# The all-reduce job the resume tests kill, and its undisturbed run: a job resumed from a
+# checkpoint (variables, the optimizer's slots, the data position) ends where the undisturbed
+# one ends -- the same test AUC to 16 digits, from whichever step it resumed. One process is
+# no stand-in here: it reads the rows in another order, and ends up to 0.005 away (this data,
+# global batch 512, 2 epochs: all-reduce 0.7864, one process 0.7812 / 0.7844 / 0.7840 with
+# seeds 0-2).
+ALLREDUCE_HP = {"epochs": 2, "batch_size": 256, "checkpoint_every": 10, "log_every": 5}
+RESUMED_AUC_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def allreduce_undisturbed(data, tmp_path_factory):
+    return launch(tmp_path_factory.mktemp("allreduce-undisturbed"), "deepfm-allreduce", data,
+                  hyperparameters=ALLREDUCE_HP)[0]
 
 
 def record(fault, **figures):
@@ -145,10 +161,10 @@ def test_allreduce_rank_hung_is_torn_down_by_the_watchdog(tmp_path, data):
 
 
 @pytest.mark.slow
-def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, data, single):
-    undisturbed = single[512, 2]["test"]["auc"]
-    hp = {"epochs": 2, "batch_size": 256, "checkpoint_every": 10, "log_every": 5}
-    proc, run = start(tmp_path, "deepfm-allreduce", data, hyperparameters=hp)
+def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, data,
+                                                                     allreduce_undisturbed):
+    undisturbed = allreduce_undisturbed["test"]["auc"]
+    proc, run = start(tmp_path, "deepfm-allreduce", data, hyperparameters=ALLREDUCE_HP)
     wait_for(lambda: [e for e in events(run, "checkpoint") if e["step"] >= 30], proc)
     last_train = max(e["step"] for e in events(run, "train"))
     os.kill(pid_of(run, "algo-1/worker/0"), signal.SIGKILL)
@@ -162,7 +178,7 @@ def test_chief_killed_then_relaunch_resumes_from_the_last_checkpoint(tmp_path, d
     result = json.loads((run / "model" / "result.json").read_text())
     assert result["resumed_from"] >= 30 and last_train - result["resumed_from"] <= 10 + 5
     assert result["step"] == result["total_steps"] == 2 * (32_000 // 512)
-    assert abs(result["test"]["auc"] - undisturbed) < AUC_TOLERANCE
+    assert abs(result["test"]["auc"] - undisturbed) < RESUMED_AUC_TOLERANCE
     assert alive(run)[1] == []
     record("allreduce: chief SIGKILLed, job relaunched", last_logged_step=last_train,
            resumed_from=result["resumed_from"], checkpoint_every=10, steps=result["step"],
@@ -291,13 +307,13 @@ def test_a_sigtermed_launch_records_the_step_it_saved(tmp_path, data):
 
 
 @pytest.mark.slow
-def test_a_killed_chief_is_retried_and_the_job_finishes_as_undisturbed(tmp_path, data, single):
+def test_a_killed_chief_is_retried_and_the_job_finishes_as_undisturbed(tmp_path, data,
+                                                                        allreduce_undisturbed):
     """Issue 30: with max_retry_attempts the launcher itself starts the job again after the
     chief dies, the recipe resumes from the shared checkpoints, and the job ends at the
     undisturbed run's step with its AUC; job.json lists both attempts."""
-    undisturbed = single[512, 2]["test"]["auc"]
-    hp = {"epochs": 2, "batch_size": 256, "checkpoint_every": 10, "log_every": 5}
-    proc, run = start(tmp_path, "deepfm-allreduce", data, hyperparameters=hp,
+    undisturbed = allreduce_undisturbed["test"]["auc"]
+    proc, run = start(tmp_path, "deepfm-allreduce", data, hyperparameters=ALLREDUCE_HP,
                       max_retry_attempts=2)
     wait_for(lambda: [e for e in events(run, "checkpoint") if e["step"] >= 30], proc)
     killed = time.monotonic()
@@ -314,7 +330,7 @@ def test_a_killed_chief_is_retried_and_the_job_finishes_as_undisturbed(tmp_path,
     result = json.loads((run / "model" / "result.json").read_text())
     assert result["resumed_from"] == first["step_reached"]
     assert result["step"] == result["total_steps"] == 2 * (32_000 // 512)
-    assert abs(result["test"]["auc"] - undisturbed) < AUC_TOLERANCE
+    assert abs(result["test"]["auc"] - undisturbed) < RESUMED_AUC_TOLERANCE
     assert alive(run)[1] == []
     record("allreduce: chief SIGKILLed, max_retry_attempts 2", resumed_from=first["step_reached"],
            steps=result["step"], auc=result["test"]["auc"], undisturbed_auc=undisturbed,
