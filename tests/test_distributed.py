@@ -82,8 +82,8 @@ class SingleBaselines(dict):
         # Parameter servers update the table sparsely (table_updates auto: catchup); their
         # baseline does the same, so that the comparison is of the asynchrony alone. Their
         # runs are not repeatable (asynchronous updates), and one seed's single-process AUC on
-        # this set moves by up to 0.003 with the shuffling alone (seeds 0-2: 0.7861, 0.7899,
-        # 0.7881): they are compared with the mean of three seeds.
+        # this set moves by up to 0.003 with the shuffling alone (seeds 0-2: 0.7847, 0.7860,
+        # 0.7873): they are compared with the mean of three seeds.
         runs = [launch(self.factory.mktemp(f"single{batch}x{epochs}s{seed}"), "deepfm-single",
                        self.data, hyperparameters={**hp, "table_updates": "catchup",
                                                    "seed": seed})[0] for seed in range(3)]
