@@ -13,8 +13,8 @@ over the ids. This follows DeepCTR by default, the model `bench quality` compare
 MovieLens-100K, over eight seeds, the paper's form ends 0.0024 test AUC below DeepCTR's DCN,
 with the linear term 0.0009 (its validation AUC peaks an epoch later; the test AUC at each
 epoch is the same: docs/quality.md, "DCN-v2's linear term"). `--no-dcn-linear` (dcn_linear:
-false) is the paper's model. The default structure, parallel, is FuxiCTR's and DeepCTR's (the paper reports
-both; neither wins on every data set).
+false) is the paper's model. The default structure, parallel, is FuxiCTR's and DeepCTR's (the
+paper reports both; neither wins on every data set).
 """
 
 from __future__ import annotations
