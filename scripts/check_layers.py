@@ -10,7 +10,7 @@ from pathlib import Path
 # Lowest first. A module may import its own layer and those below it.
 LAYERS = [
     {"errors", "mode", "heartbeat", "progress", "metrics", "usage", "shutdown", "values",
-     "kernels", "__init__"},
+     "kernels", "tf_start", "__init__"},
     {"data"},
     {"environment"},
     {"input"},

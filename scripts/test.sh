@@ -77,26 +77,33 @@ fi
 # A pass: the selected tests on both workers, then those marked `serial` alone (their time
 # limits assume no other worker's load), if the pass has any: a session that selects no test
 # would end the output with "0 selected", as if nothing had run.
-run_pass() {   # python [marker expression]
-  local within="${2:+($2) and }"
-  "$1" "${run[@]}" -m "${within}not serial" "${parallel[@]}" --durations=10 || return
-  local serial
+run_pass() {   # python [marker expression]; fails if either part did, after running both
+  local within="${2:+($2) and }" rc=0 serial
+  "$1" "${run[@]}" -m "${within}not serial" "${parallel[@]}" --durations=10 || rc=$?
   serial=$("$1" -m pytest --collect-only -q -m "${within}serial" | grep -c '::' || true)
   if [ "$serial" -gt 0 ]; then
-    "$1" "${run[@]}" -m "${within}serial" --durations=5
+    "$1" "${run[@]}" -m "${within}serial" --durations=5 || rc=$?
   fi
+  return $rc
 }
 
+# Both passes run whatever the first one's outcome (a failure in the 2.21 pass must not hide
+# the 2.15 pass's); the command fails if either did.
+failed=()
 echo "== tests on TensorFlow 2.21 (.venv): all"
-( source "$root/scripts/env.sh" && run_pass python )
+( source "$root/scripts/env.sh" && run_pass python ) || failed+=("2.21 pass")
 phase_done "2.21 pass"
 
 echo "== tests on TensorFlow 2.15.1 + Horovod (.venv-hvd): those marked tf215"
-run_pass "$root/.venv-hvd/bin/python" tf215
+run_pass "$root/.venv-hvd/bin/python" tf215 || failed+=("2.15 pass")
 phase_done "2.15 pass"
 
 if [ "$coverage" = 1 ]; then
   echo "== line coverage of src/, both passes combined"
   ( source "$root/scripts/env.sh" && cd "$root/.cache/coverage" && python -m coverage combine -q &&
     python -m coverage report | tail -1 )
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "== FAILED: ${failed[*]}"
+  exit 1
 fi

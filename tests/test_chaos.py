@@ -28,7 +28,12 @@ def test_chaos_allreduce_three_kills_including_a_host(tmp_path, data):
     faults, calm, chaos = report["faults"], report["undisturbed"], report["chaos"]
     assert len(faults) == 3 and {f["kind"] for f in faults} == {"trainer", "host"}, faults
     assert calm["finished"] and chaos["finished"], r.stdout[-3000:]
-    assert chaos["state"] == "completed" and chaos["attempts"] == 4
+    # A kill costs an attempt unless it lands as the job finishes (a process whose part is done):
+    # the count depends on timing, the rule does not. The first fault comes at the first
+    # checkpoint, long before the end, so at least one attempt is lost.
+    lost = chaos["attempts_lost_to_faults"]
+    assert chaos["state"] == "completed" and chaos["attempts"] == 1 + lost and lost >= 1, faults
+    assert faults[0]["cost_attempt"] and sum(f["cost_attempt"] for f in faults) == lost
     assert chaos["step"] == calm["step"] == 3 * (16_000 // 512)
     assert abs(report["auc_difference"]) < AUC_TOLERANCE
     for run in (calm, chaos):

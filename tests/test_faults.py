@@ -292,9 +292,12 @@ def test_a_sigtermed_launch_records_the_step_it_saved(tmp_path, data):
     down and its trainer checkpointed, but no job.json was written and nothing said at which
     step the job stopped. Now job.json says it was stopped and the step of its last
     checkpoint, the console says it, and the launch ends as signalled (128 + 15)."""
+    # Signalled once it has saved a checkpoint: the save on SIGTERM is then not the first (whose
+    # tracing could outlast the launcher's 5 s of grace on a loaded machine).
     proc, run = start(tmp_path, "deepfm-single", data,
-                      hyperparameters={"epochs": 50, "batch_size": 256, "log_every": 5})
-    wait_for(lambda: events(run, "train"), proc)
+                      hyperparameters={"epochs": 50, "batch_size": 256, "log_every": 5,
+                                       "checkpoint_every": 10})
+    wait_for(lambda: events(run, "checkpoint"), proc)
     proc.send_signal(signal.SIGTERM)
     code, out, err = finish(proc, timeout=120)
     assert code == 128 + signal.SIGTERM, (code, err[-2000:])

@@ -68,7 +68,9 @@ def test_run_directory_must_be_new_empty_or_this_jobs_and_is_locked(tmp_path):
     assert r.returncode == 2 and "holds the run of job 'job'" in r.stderr
     run_cli("launch", spec, "--output-dir", tmp_path / "run2")
     # Two launches into one directory: the second is refused while the first runs.
-    slow = script_job(tmp_path, "import time\nprint('working', flush=True)\ntime.sleep(30)\n",
+    # The first job outlives whatever the second launch takes to reach its lock (it is ended
+    # by SIGTERM below, not by its own end).
+    slow = script_job(tmp_path, "import time\nprint('working', flush=True)\ntime.sleep(600)\n",
                       name="slow", output_dir=str(tmp_path / "run3"))
     first = launch_bg(slow)
     wait_file(tmp_path / "run3" / "logs" / "pids")
@@ -138,10 +140,13 @@ def test_processes_an_entry_point_detaches_die_with_the_launcher(tmp_path, sig):
     proc = launch_bg(spec)
 
     def daemons():
-        r = subprocess.run(["pgrep", "-f", f"sleep {marker}.5"], capture_output=True, text=True)
+        # The sleeps alone, not the short-lived `sh -c` that starts them (its command line
+        # holds the same words, and while it lives it would count as a third).
+        r = subprocess.run(["pgrep", "-f", f"^sleep {marker}\\.5$"], capture_output=True,
+                           text=True)
         return r.stdout.split()
     end = time.monotonic() + 60
-    while time.monotonic() < end and len(daemons()) < 2:
+    while time.monotonic() < end and len(daemons()) != 2:
         time.sleep(0.2)
     assert len(daemons()) == 2
     proc.send_signal(sig)

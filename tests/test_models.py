@@ -32,6 +32,17 @@ def features(batch=4):
                                        tf.float32)}
 
 
+@pytest.mark.tf215
+def test_the_kernels_start_as_keras_glorot_uniform_would_start_them():
+    """blocks.glorot_uniform draws what Keras' GlorotUniform draws with the same seed (Keras 3
+    on 2.21, Keras 2 on 2.15), bit for bit, without importing Keras in ctrtrain's processes."""
+    from ctrtrain.models.blocks import glorot_uniform
+    for seed in (0, 1, 3 * 1024 + 5):
+        for shape in ((312, 400), (4, 1), (64, 32)):
+            np.testing.assert_array_equal(glorot_uniform(seed)(shape).numpy(),
+                                          tf.initializers.GlorotUniform(seed=seed)(shape).numpy())
+
+
 def slots(table, f):
     """[B, 4, width]: each field's row times its value (the bag summed), from the table."""
     ids, values = f["ids"].numpy(), f["values"].numpy()

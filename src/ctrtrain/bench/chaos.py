@@ -9,6 +9,11 @@ fault before (or, for the first, its first checkpoint) and `every` seconds have 
 fault then lands on a job that has made progress, and the run measures what a fault costs,
 not whether a job killed faster than it starts can finish. The spec's `max_retry_attempts`
 is what lets the job survive (`--retries` overrides it for both runs).
+
+Whether a fault costs an attempt depends on where it lands (a kill in the job's last seconds,
+of a process that has already finished its part, costs nothing), so the report says of each
+fault which attempt it hit and whether that attempt failed: the job's attempts are then one
+more than the attempts lost to faults, whatever the draw.
 """
 
 from __future__ import annotations
@@ -95,6 +100,23 @@ def _timings(run: Path, launched: float) -> dict:
             "checkpoint_interval_s": round(gaps[len(gaps) // 2], 1) if gaps else None}
 
 
+def _attempts_hit(injected: list[dict], run: Path) -> int:
+    """Sets each fault's `attempt` (the one running when it was injected, from job.json's
+    start times) and `cost_attempt` (that attempt failed, and this was its first fault);
+    returns the number of failed attempts that a fault hit."""
+    path = run / "job.json"
+    attempts = json.loads(path.read_text()).get("attempts", []) if path.exists() else []
+    failed = set()
+    for f in injected:
+        hit = next((a for a in reversed(attempts) if a.get("started", f["at"] + 1) <= f["at"]),
+                   None)
+        f["attempt"] = hit["attempt"] if hit else None
+        f["cost_attempt"] = bool(hit and hit["cause"] and hit["attempt"] not in failed)
+        if f["cost_attempt"]:
+            failed.add(hit["attempt"])
+    return len(failed)
+
+
 def _outcome(proc: subprocess.Popen, run: Path, seconds: float, launched: float) -> dict:
     proc.wait()
     err = Path(f"{run}.log").read_text(errors="replace").strip()
@@ -153,7 +175,8 @@ def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15
                 except ProcessLookupError:
                     pass
             last, last_step = time.monotonic(), step
-            injected.append({"at_s": round(last - t0, 1), "kind": kind, "killed": what,
+            injected.append({"at_s": round(last - t0, 1), "at": time.time(), "kind": kind,
+                             "killed": what,
                              "pids": len(pids),
                              "checkpoint_step": step})
             print(f"[chaos] fault {len(injected)}: SIGKILL {what} at step {step}", flush=True)
@@ -161,6 +184,7 @@ def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15
     if proc.poll() is None:
         proc.kill()
     chaos = _outcome(proc, run, time.monotonic() - t0, launched)
+    chaos["attempts_lost_to_faults"] = _attempts_hit(injected, run)
     lost = chaos["seconds"] - undisturbed["seconds"]
     report = {"spec": spec, "faults": injected, "undisturbed": undisturbed, "chaos": chaos,
               "seconds_lost_per_fault": round(lost / len(injected), 1) if injected else None,
@@ -193,6 +217,7 @@ def format_report(r: dict) -> str:
     lines = ["| | undisturbed | with faults |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {d} |" for a, b, d in rows]
     lines.append(f"faults: {len(r['faults'])} ({', '.join(f['killed'] for f in r['faults'])}); "
+                 f"attempts lost to them: {show(c.get('attempts_lost_to_faults'))}; "
                  f"seconds lost per fault: {show(r['seconds_lost_per_fault'])}; "
                  f"AUC difference: {show(r['auc_difference'], '{:+.4f}')}")
     if c["error"]:

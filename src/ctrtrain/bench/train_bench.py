@@ -185,12 +185,12 @@ def _dense_worker(p: dict) -> dict:
     apply_threads(ThreadConfig(**p.get("threads", {})))
     import tensorflow as tf
     from .. import kernels
-    from ..models.blocks import dropout
+    from ..models.blocks import dropout, glorot_uniform
     from ..models.engine.optimizers import make_optimizer
     kernels.set_enabled(p.get("fused_kernels", True))    # a variant's fused_kernels: false
     width = p["field_size"] * p["embedding_size"]
     dims = [width] + list(p["deep_layers"]) + [1]
-    glorot = tf.initializers.GlorotUniform(seed=0)
+    glorot = glorot_uniform(0)
     kernels = [tf.Variable(glorot((a, b))) for a, b in zip(dims[:-1], dims[1:])]
     biases = [tf.Variable(tf.zeros([b])) for b in dims[1:]]
     variables = kernels + biases
@@ -198,7 +198,7 @@ def _dense_worker(p: dict) -> dict:
     opt.build(variables)
     dtype = tf.bfloat16 if p.get("mixed_precision") else tf.float32
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(x, y):
         with tf.GradientTape() as tape:
             tape.watch(x)

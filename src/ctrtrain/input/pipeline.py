@@ -38,6 +38,10 @@ import tensorflow as tf
 from ..data.tfrecord import feature_spec, tf_compression
 
 AUTOTUNE = tf.data.AUTOTUNE
+# The pipeline's functions are plain TensorFlow (no Python control flow on tensors): traced as
+# written, not rewritten by AutoGraph first, whose conversion was most of a small run's
+# tracing CPU (as train/step.py's functions, `autograph=False`).
+plain = tf.autograph.experimental.do_not_convert
 
 
 @dataclasses.dataclass
@@ -224,8 +228,8 @@ def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
     if threaded is None:
         threaded = bool(tf_compression(compression)) or (os.cpu_count() or 1) > 4
     threads = {"num_parallel_calls": AUTOTUNE, "deterministic": True} if threaded else {}
-    ds = ds.interleave(read, cycle_length=cycle, block_length=1, **threads) \
-        if training and cycle > 1 else ds.flat_map(read)
+    ds = ds.interleave(plain(read), cycle_length=cycle, block_length=1, **threads) \
+        if training and cycle > 1 else ds.flat_map(plain(read))
     return batches(ds, field_size, fmt=fmt, cfg=cfg, record_shard=record_shard,
                    skip_batches=skip_batches, training=training, schema=schema,
                    blocked=blocked)
@@ -274,7 +278,7 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
         ds = ds.repeat(cfg.epochs)
     if cfg.parse == "scalar":
         # One record at a time (a batch of one), then batch the parsed tensors.
-        ds = ds.map(lambda s: {k: v[0] for k, v in parse(tf.reshape(s, [1])).items()},
+        ds = ds.map(plain(lambda s: {k: v[0] for k, v in parse(tf.reshape(s, [1])).items()}),
                     num_parallel_calls=AUTOTUNE)
     elif cfg.parse != "vectorized":
         raise ValueError(f"parse must be vectorized or scalar, not {cfg.parse!r}")
@@ -285,9 +289,9 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
     if skip_batches:
         ds = ds.skip(skip_batches)
     if cfg.parse == "vectorized":
-        ds = ds.map(parse, num_parallel_calls=AUTOTUNE)
+        ds = ds.map(plain(parse), num_parallel_calls=AUTOTUNE)
     if cfg.feature_size:
-        ds = ds.map(lambda b: check_batch(b, cfg.feature_size), num_parallel_calls=AUTOTUNE)
+        ds = ds.map(plain(lambda b: check_batch(b, cfg.feature_size)), num_parallel_calls=AUTOTUNE)
     return ds.prefetch(AUTOTUNE)
 
 
@@ -307,9 +311,9 @@ def in_memory_batches(records: tf.data.Dataset, parse, cfg: PipelineConfig,
     (shuffle_buffer 0: the read order), drawn from (seed, epoch) alone, so a resumed run skips
     to where it stopped; epochs run on into each other as the streaming pipeline's do; each
     batch gathered from the tensors. Checked once (check_batch), not per batch."""
-    whole = records.batch(1 << 40).map(parse)    # one element; batch reserves <= 65,536 slots
+    whole = records.batch(1 << 40).map(plain(parse))  # one element; batch reserves <= 65,536
     if cfg.feature_size:
-        whole = whole.map(lambda b: check_batch(b, cfg.feature_size))
+        whole = whole.map(plain(lambda b: check_batch(b, cfg.feature_size)))
     seed = cfg.seed if cfg.seed is not None else random.getrandbits(31)
 
     def epochs(t):
@@ -322,11 +326,11 @@ def in_memory_batches(records: tf.data.Dataset, parse, cfg: PipelineConfig,
                 [n], seed=tf.stack([tf.constant(seed, tf.int64), epoch])))
         # An empty part yields no epochs (not endless empty ones); None: without end.
         count = tf.where(n > 0, tf.constant(cfg.epochs or -1, tf.int64), 0)
-        return (tf.data.Dataset.range(1 << 62).take(count).map(order)
+        return (tf.data.Dataset.range(1 << 62).take(count).map(plain(order))
                 .rebatch(cfg.batch_size, drop_remainder=cfg.drop_remainder)
                 .skip(skip_batches)
-                .map(lambda i: {k: tf.gather(v, i) for k, v in t.items()}))
-    return whole.flat_map(epochs).prefetch(AUTOTUNE)
+                .map(plain(lambda i: {k: tf.gather(v, i) for k, v in t.items()})))
+    return whole.flat_map(plain(epochs)).prefetch(AUTOTUNE)
 
 
 def dataset_from_dir(data_dir, cfg: PipelineConfig = PipelineConfig(), **kwargs):

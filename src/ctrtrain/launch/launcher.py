@@ -114,11 +114,13 @@ def _with_retries(spec: JobSpec, run_dir: Path, attempt) -> dict:
     """Runs `attempt` (one whole job: start, supervise, tear down, report) and, while it fails
     in a way another attempt may get past (JobFailed.retryable) and max_retry_attempts allows,
     again after a short backoff: the recipe resumes from the shared checkpoints. job.json
-    lists every attempt (cause, step resumed from, step reached, seconds) and the final state."""
+    lists every attempt (when it started, cause, step resumed from, step reached, seconds) and
+    the final state."""
     attempts = []
     while True:
         began, resumed = time.time(), saved_step(run_dir / "checkpoints")
-        entry = {"attempt": len(attempts) + 1, "resumed_from_step": resumed}
+        entry = {"attempt": len(attempts) + 1, "started": round(began, 3),
+                 "resumed_from_step": resumed}
         try:
             attempt()
         except JobFailed as failure:
@@ -308,16 +310,21 @@ def _report(spec, run_dir, hosts, procs, image, outcome, seconds, warnings) -> d
 
 def saved_step(checkpoints: Path) -> int | None:
     """The step of the newest checkpoint under the job's shared checkpoint directory (the
-    recipe's model dir; TensorFlow's `checkpoint` index files name it), None without one."""
+    recipe's model dir), None without one: what TensorFlow's `checkpoint` state files name,
+    or a newer `<prefix>-<step>.index` beside one. TensorFlow writes a checkpoint's index
+    before it updates the state file, and a process killed between the two resumes from the
+    index (train/model_dir.py restores the newest that restores): so must this say."""
     steps = []
-    for index in checkpoints.rglob("checkpoint"):
+    for state in checkpoints.rglob("checkpoint"):
         try:
-            text = index.read_text()
+            text = state.read_text()
         except (OSError, UnicodeDecodeError):
             continue
         found = re.search(r'^model_checkpoint_path: ".*?-(\d+)"', text, re.MULTILINE)
         if found:
             steps.append(int(found.group(1)))
+        steps += [int(m.group(1)) for p in state.parent.glob("*.index")
+                  if (m := re.fullmatch(r".*-(\d+)\.index", p.name))]
     return max(steps, default=None)
 
 

@@ -49,6 +49,7 @@ class Managed:
     returncode: int | None = None
     tolerated: bool = False
     finished_marker: Path | None = None   # a file whose presence means "done" (see finished)
+    pump: threading.Thread | None = None  # copies its output to the log and the tail
 
     def finished(self) -> bool:
         """Exited 0, or -- for an entry that reports success in a file and may then linger
@@ -111,7 +112,8 @@ class Supervisor:
         self.procs.append(m)
         with open(self.pid_file, "a") as f:
             f.write(f"{proc.pid} {label}\n")
-        threading.Thread(target=self._pump, args=(m,), daemon=True).start()
+        m.pump = threading.Thread(target=self._pump, args=(m,), daemon=True)
+        m.pump.start()
         return m
 
     def heartbeat_path(self, label: str) -> Path:
@@ -171,9 +173,12 @@ class Supervisor:
                 if tolerable and all(m.returncode is not None for m in tolerable):
                     return self._fail(f"all {len(tolerable)} tolerated processes "
                                       f"({', '.join(m.label for m in tolerable)}) died", tolerable[-1])
-                bad = next((m for m in self.procs if m.returncode not in (None, 0)
-                            and not m.tolerated), None)
-                if bad is not None:
+                failed = [m for m in self.procs if m.returncode not in (None, 0)
+                          and not m.tolerated]
+                if failed:
+                    # Several may be seen dead in one poll on a loaded machine: one killed by a
+                    # signal is the cause, the others' errors (a peer gone) its consequence.
+                    bad = min(failed, key=lambda m: m.returncode > 0)
                     return self._fail(f"{bad.label} exited with status {bad.returncode}", bad)
                 workers = [m for m in self.procs if not m.server]
                 if workers and all(m.finished() for m in workers):
@@ -245,7 +250,11 @@ class Supervisor:
     def _fail(self, reason: str, who: Managed | None, stuck=None) -> JobOutcome:
         tails = []
         for m in ([who] if who else []) + [s for s in (stuck or []) if s is not who]:
-            time.sleep(0.2)  # let the pump catch the last lines
+            # The last lines: an exited process's pump ends at the end of its output (a
+            # fixed pause lost that race on a loaded machine: an empty tail); a live one's
+            # pump is given a moment. Bounded: a detached child may hold the pipe open.
+            if m.pump is not None:
+                m.pump.join(timeout=5.0 if m.proc.poll() is not None else 0.2)
             tails += [f"--- last lines of {m.label} ({m.log_path}) ---", *list(m.tail)]
         self._teardown()
         return JobOutcome(False, reason, self._codes(), who.label if who else None, tails,

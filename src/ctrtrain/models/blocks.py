@@ -11,6 +11,7 @@ updates them densely) and `penalized()` the kernels the model's l2_dense applies
 from __future__ import annotations
 
 import itertools
+import math
 
 import tensorflow as tf
 
@@ -99,7 +100,7 @@ class MLP(tf.Module):
         self.rates = tuple(rates) or (0.0,) * self.hidden
         self.mixed_precision, self.input_mask = mixed_precision, input_mask
         self.kernels, self.biases, self.bn = [], [], []
-        glorot = tf.initializers.GlorotUniform(seed=seed)
+        glorot = glorot_uniform(seed)
         for i, n in enumerate(units):
             init = glorot((width, n))
             if i == 0 and input_mask is not None:
@@ -111,7 +112,8 @@ class MLP(tf.Module):
             width = n
         # XLA only here: the sparse part has dynamic shapes.
         self.xla = xla
-        self._run = tf.function(self._eager, jit_compile=True) if xla else self._eager
+        self._run = tf.function(self._eager, jit_compile=True, autograph=False) if xla \
+            else self._eager
 
     def variables_to_update(self):
         bn = [v for b in self.bn for v in (b.gamma, b.beta)]
@@ -216,7 +218,7 @@ class TargetAttention(tf.Module):
 
     def __init__(self, width: int, units, seed: int = 0, name="target_attention"):
         super().__init__(name=name)
-        glorot = tf.initializers.GlorotUniform(seed=seed)
+        glorot = glorot_uniform(seed)
         self.kernels, self.biases, self.dice, n = [], [], [], 4 * width
         for i, u in enumerate(list(units) + [1]):
             self.kernels.append(tf.Variable(glorot((n, u)), name=f"kernel_{i}"))
@@ -320,7 +322,7 @@ class CIN(tf.Module):
                  name="cin"):
         super().__init__(name=name)
         self.dtype = tf.bfloat16 if mixed_precision else tf.float32
-        glorot = tf.initializers.GlorotUniform(seed=seed)
+        glorot = glorot_uniform(seed)
         self.kernels, self.biases, previous = [], [], fields
         for i, h in enumerate(layers):
             self.kernels.append(tf.Variable(glorot((previous * fields, h)), name=f"w_{i}"))
@@ -396,12 +398,26 @@ def outer_rows(a, b):
     return tf.reshape(a[:, :, None] * b[:, None, :], [-1, a.shape[1] * b.shape[1]])
 
 
+def glorot_uniform(seed: int):
+    """Glorot-uniform initial values of a 2-D kernel, exactly what Keras'
+    `tf.initializers.GlorotUniform(seed)` gives (Keras 3 on TF 2.21 and Keras 2 on 2.15 both
+    draw TensorFlow's stateless uniform with seed [seed, 0] in +-sqrt(6 / (fan_in +
+    fan_out)); tests/test_models.py compares), without importing Keras: a third of a
+    process's start (ctrtrain/tf_start.py)."""
+    def init(shape, dtype=tf.float32):
+        fan_in, fan_out = shape
+        limit = math.sqrt(3.0 / max(1.0, (fan_in + fan_out) / 2.0))
+        return tf.random.stateless_uniform(shape, seed=[seed, 0], minval=-limit, maxval=limit,
+                                           dtype=dtype)
+    return init
+
+
 def glorot_each(seed: int):
     """Glorot-uniform initial values, different at every call: a seeded initializer gives
     the same values each time it is called, so variables of one shape made with one start
     equal (AutoInt's W_Q, W_K, W_V and W_res, DCN-v2's cross layers)."""
     calls = itertools.count(seed * 1024)      # blocks' seeds differ by 1: far apart here
-    return lambda shape: tf.initializers.GlorotUniform(seed=next(calls))(shape)
+    return lambda shape: glorot_uniform(next(calls))(shape)
 
 
 class SelfAttention(tf.Module):

@@ -36,7 +36,7 @@ def features(batch: dict) -> dict:
 
 
 def make_predict_fn(model):
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def predict(features):
         logits, _ = model(features, training=False)
         return tf.sigmoid(logits)

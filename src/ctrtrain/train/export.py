@@ -38,7 +38,7 @@ class _Serving(tf.Module):
             spec["bag_ids"] = tf.TensorSpec([None, width], tf.int64, name="bag_ids")
             spec["bag_weights"] = tf.TensorSpec([None, width], tf.float32, name="bag_weights")
 
-        @tf.function(input_signature=[spec])
+        @tf.function(input_signature=[spec], autograph=False)
         def serve(features):
             logits, _ = self.model(features, training=False)
             return {"prob": tf.sigmoid(logits)}
@@ -46,7 +46,8 @@ class _Serving(tf.Module):
 
         from ..input.pipeline import parse_fields_batch, parse_tfrecord_batch
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
+                     autograph=False)
         def serve_examples(examples):
             features = parse_tfrecord_batch(examples, cfg.field_size, with_label=False) \
                 if schema is None else parse_fields_batch(examples, schema, with_label=False)

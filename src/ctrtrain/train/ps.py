@@ -159,7 +159,7 @@ def train_parameter_server(cfg, threads) -> dict:
                  for n in ("loss_sum", "loss_steps", "input_wait_s", "compute_s")]
     loss_sum, loss_steps, wait_s, compute_s = stats
 
-    @tf.function
+    @tf.function(autograph=False)
     def worker_step(iterator):
         t0 = tf.timestamp()
         with tf.control_dependencies([t0]):

@@ -42,8 +42,9 @@ def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float,
     if not compile_step:
         return model, opt, replica_step, variables
     if runtime is None:
-        return model, opt, tf.function(replica_step), variables
-    return model, opt, tf.function(lambda batch: runtime.run(replica_step, batch)), variables
+        return model, opt, tf.function(replica_step, autograph=False), variables
+    return model, opt, tf.function(lambda batch: runtime.run(replica_step, batch),
+                                   autograph=False), variables
 
 
 def stacked_steps_function(replica_step, runtime=None):
@@ -57,18 +58,21 @@ def stacked_steps_function(replica_step, runtime=None):
     def one(stack, i):
         return replica_step(tf.nest.map_structure(lambda t: t[i], stack))
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def steps(stack, start, count):
-        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-        for j in tf.range(count):
-            # One step after the other: a step reads what the previous one wrote, and the
-            # collectives of two steps (the same ops, the same instance keys) must not meet.
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
+        def more(j, losses, finite):
+            return tf.logical_and(finite, j < count)
+
+        def step(j, losses, finite):
             loss = tf.cast(runtime.run(one, stack, start + j) if runtime is not None
                            else one(stack, start + j), tf.float32)
-            losses = losses.write(j, loss)
-            if not tf.math.is_finite(loss):
-                break
+            return j + 1, losses.write(j, loss), tf.math.is_finite(loss)
+        # One step after the other (parallel_iterations 1): a step reads what the previous one
+        # wrote, and the collectives of two steps (the same ops, the same instance keys) must
+        # not meet.
+        _, losses, _ = tf.while_loop(
+            more, step, (tf.zeros_like(count), tf.TensorArray(tf.float32, size=0, dynamic_size=True),
+                         tf.constant(True)), parallel_iterations=1)
         return losses.stack()
     return steps
 
@@ -76,5 +80,5 @@ def stacked_steps_function(replica_step, runtime=None):
 def settle_function(opt, runtime=None):
     """A compiled opt.settle() that updates every replica's copy of the tables."""
     if runtime is None or runtime.strategy is None:
-        return tf.function(opt.settle)
-    return tf.function(lambda: runtime.strategy.run(opt.settle))
+        return tf.function(opt.settle, autograph=False)
+    return tf.function(lambda: runtime.strategy.run(opt.settle), autograph=False)

@@ -154,10 +154,14 @@ class Optimizer(tf.Module):
             return
         for var in self._tables:
             # In blocks of rows: the catch-up's temporaries over a whole 10M-row table would
-            # take gigabytes.
+            # take gigabytes. (A while loop written out: the functions that call this are
+            # traced without AutoGraph, train/step.py.)
             n = tf.shape(var, out_type=tf.int64)[0]
-            for start in tf.range(0, n, SETTLE_ROWS, dtype=tf.int64):
+
+            def block(start, var=var, n=n):
                 self._settle(var, tf.range(start, tf.minimum(start + SETTLE_ROWS, n)))
+                return start + SETTLE_ROWS
+            tf.while_loop(lambda start, n=n: start < n, block, [tf.constant(0, tf.int64)])
 
     def _settle(self, var, rows):
         pass
