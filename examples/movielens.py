@@ -108,6 +108,30 @@ def rows(ratings, users, items, history: int):
     return out[COLUMNS]
 
 
+def write_splits(which: str, out: Path, history: int) -> dict[str, int]:
+    """OUT/{train,valid,test}.csv of the set, in time order, 80/10/10; their row counts."""
+    archive = fetch(which, out / "download")
+    d = rows(*(tables_100k if which == "100k" else tables_1m)(archive), history)
+    n = len(d)
+    cuts = {"train": d[:int(0.8 * n)], "valid": d[int(0.8 * n):int(0.9 * n)],
+            "test": d[int(0.9 * n):]}
+    for split, part in cuts.items():
+        part.to_csv(out / f"{split}.csv", index=False)
+    return {split: len(part) for split, part in cuts.items()}
+
+
+def featurize(out: Path, history: int) -> None:
+    """OUT/{train,valid,test}/ from the CSVs with `ctrtrain data featurize`."""
+    ctrtrain = [sys.executable, "-m", "ctrtrain.cli", "data", "featurize"]
+    subprocess.run([*ctrtrain, str(out / "train.csv"), "--out", str(out / "train"), "--overwrite",
+                    "--label-column", "rating", "--label-threshold", "4", "--multi-hot", "genres",
+                    "--sequence", "hist_item_id", "--share-vocab", "hist_item_id=item_id",
+                    "--max-len", str(history), "--min-count", "1"], check=True)
+    for split in ("valid", "test"):
+        subprocess.run([*ctrtrain, str(out / f"{split}.csv"), "--out", str(out / split),
+                        "--overwrite", "--vocab", str(out / "train" / "vocab.json")], check=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out")
@@ -115,23 +139,10 @@ def main(argv=None) -> int:
     p.add_argument("--history", type=int, default=20, help="the most recent clicks kept")
     a = p.parse_args(argv)
     out = Path(a.out)
-    archive = fetch(a.set, out / "download")
-    d = rows(*(tables_100k if a.set == "100k" else tables_1m)(archive), a.history)
-    n = len(d)
-    cuts = {"train": d[:int(0.8 * n)], "valid": d[int(0.8 * n):int(0.9 * n)],
-            "test": d[int(0.9 * n):]}
-    for split, part in cuts.items():
-        part.to_csv(out / f"{split}.csv", index=False)
-    ctrtrain = [sys.executable, "-m", "ctrtrain.cli", "data", "featurize"]
-    subprocess.run([*ctrtrain, str(out / "train.csv"), "--out", str(out / "train"), "--overwrite",
-                    "--label-column", "rating", "--label-threshold", "4", "--multi-hot", "genres",
-                    "--sequence", "hist_item_id", "--share-vocab", "hist_item_id=item_id",
-                    "--max-len", str(a.history), "--min-count", "1"], check=True)
-    for split in ("valid", "test"):
-        subprocess.run([*ctrtrain, str(out / f"{split}.csv"), "--out", str(out / split),
-                        "--overwrite", "--vocab", str(out / "train" / "vocab.json")], check=True)
-    print(f"{out}: train {len(cuts['train']):,}, valid {len(cuts['valid']):,}, "
-          f"test {len(cuts['test']):,} rows", flush=True)
+    sizes = write_splits(a.set, out, a.history)
+    featurize(out, a.history)
+    print(f"{out}: train {sizes['train']:,}, valid {sizes['valid']:,}, "
+          f"test {sizes['test']:,} rows", flush=True)
     return 0
 
 

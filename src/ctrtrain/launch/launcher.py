@@ -261,6 +261,11 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
         finally:
             for f in feeders:
                 f.stop.set()
+            # Ended before the next attempt makes its FIFOs: a feeder that ran on would
+            # unlink the new attempt's `<channel>_0` as it finished its own.
+            for f in feeders:
+                if f.is_alive():
+                    f.join(timeout=10)
     finally:
         for box in boxes.values():
             box.stop()
