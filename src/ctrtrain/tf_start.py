@@ -1,12 +1,12 @@
-"""TensorFlow without Keras at start-up: ctrtrain's processes start 1.5-1.8 CPU-seconds sooner.
+"""TensorFlow without Keras at start-up: ctrtrain's processes start about 2 CPU-seconds sooner.
 
 `import tensorflow` (2.16 and later) imports Keras 3 eagerly, "so that any function that
 needs to happen at load time will trigger", for Keras' own optimizers in the SavedModel
 registry; TensorFlow wraps that import in `try/except ImportError`. ctrtrain uses no Keras (its
 models, optimizers, checkpoints and SavedModels are TensorFlow's own), yet every process of
 it -- a `ctrtrain` command, each trainer, server and data worker of a job -- paid for Keras:
-about 35% of the import (4.8 -> 3.0 CPU-seconds here, 2-core AMD EPYC; docs/benchmarks.md
-"Start-up without Keras").
+about 35% of the import (`import ctrtrain, tensorflow`: 5.4-5.8 -> 3.4-3.6 CPU-seconds, 2-core
+AMD EPYC; docs/benchmarks.md "A process's start and first steps").
 
 `install()` (run when the package is imported) adds an import hook that refuses the `keras`
 package only while TensorFlow's own `__init__` runs, when ctrtrain was imported first. Keras
