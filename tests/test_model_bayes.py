@@ -18,7 +18,10 @@ from ctrtrain.data.synth import SynthConfig, synthesize, synthesize_tfrecord
 pytestmark = pytest.mark.slow
 
 ROWS, FEATURES = 300_000, 5_000     # test_train.py's: 240,000 training rows
-RELEVANCE_ROWS = 600_000
+# 240,000 training rows: DIN's gap 0.0074 and 0.0065 (seeds 0, 1; 2 epochs), DeepFM's 0.0244
+# after 3 epochs and 0.0237 after 1 (its shortfall is the pooling's, not the epochs'); 480,000
+# cost twice the CPU for the same verdicts (issue 51).
+RELEVANCE_ROWS = 300_000
 
 
 @pytest.fixture(scope="module")
@@ -110,4 +113,4 @@ def test_din_on_a_history_weighed_by_the_candidate(relevance, tmp_path):
 
 
 def test_mean_pooled_history_falls_short_of_candidate_relevance(relevance, tmp_path):
-    assert gap_to_bayes(*relevance, tmp_path, "deepfm", epochs=3) > 0.015
+    assert gap_to_bayes(*relevance, tmp_path, "deepfm", epochs=2) > 0.015
