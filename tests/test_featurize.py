@@ -83,3 +83,73 @@ def test_cli_featurize_then_convert_carries_the_vocabulary(shared, tmp_path):
     m = read_manifest(tmp_path / "tf")
     assert m.records == 1000 and m.vocabulary == "vocab.json" and (tmp_path / "tf" / "vocab.json").exists()
     run_cli("data", "validate", tmp_path / "tf")
+
+
+def test_numeric_transforms_use_the_training_splits_statistics_everywhere(tmp_path):
+    """--numeric-transform: the training split's mean and deviation (or range) of the present
+    values, kept in vocab.json and applied to a later split featurized with --vocab; a missing
+    value is 0 after the transform (the mean, standardized). A vocabulary of the first
+    versions (a formula in numeric_transform) reads as log."""
+    import json
+    from conftest import ctrtrain_here
+    from ctrtrain.data.tfrecord import read_field_blocks
+    rng = np.random.default_rng(0)
+    price = rng.lognormal(3, 1, 400)
+    price[::10] = np.nan                                       # missing cells
+    rows = ["label,price,year,city,tags"] + [
+        f"{int(rng.random() < 0.3)},{'' if np.isnan(p) else round(p, 2)},{1990 + i % 30},"
+        f"c{i % 7},t{i % 3}|t{i % 5}" for i, p in enumerate(price)]
+    (tmp_path / "train.csv").write_text("\n".join(rows[:301]) + "\n")
+    (tmp_path / "test.csv").write_text("\n".join([rows[0]] + rows[301:]) + "\n")
+    present = [float(r.split(",")[1]) for r in rows[1:301] if r.split(",")[1]]
+    years = np.array([1990 + i % 30 for i in range(300)], float)
+    for transform in ("standard", "log-standard", "minmax", "log"):
+        out = tmp_path / transform
+        ctrtrain_here("data", "featurize", tmp_path / "train.csv", "--out", out / "train",
+                      "--numeric", "price,year", "--multi-hot", "tags", "--min-count", "1",
+                      "--numeric-transform", transform)
+        ctrtrain_here("data", "featurize", tmp_path / "test.csv", "--out", out / "test",
+                      "--vocab", out / "train" / "vocab.json")
+        vocab = json.loads((out / "train" / "vocab.json").read_text())
+        assert vocab["numeric_transform"] == transform
+        x = np.log1p(present) if transform == "log-standard" else np.array(present)
+        if transform != "log":
+            s = vocab["numeric_stats"]["price"]
+            assert s["mean"] == pytest.approx(x.mean()) and s["std"] == pytest.approx(x.std())
+            assert (s["min"], s["max"]) == pytest.approx((x.min(), x.max()))
+            y = np.log1p(years) if transform == "log-standard" else years
+            assert vocab["numeric_stats"]["year"]["std"] == pytest.approx(y.std())
+        m = read_manifest(out / "test")
+        got = np.concatenate([b["price"].numpy()[:, 0] for b in read_field_blocks(
+            str(out / "test" / m.files[0].path), m.schema)])
+        raw = [r.split(",")[1] for r in rows[301:]]
+        assert len(got) == len(raw) == 100
+        for cell, v in zip(raw, got):
+            if not cell:
+                assert v == 0.0
+                continue
+            p = float(cell)
+            want = {"standard": (p - x.mean()) / x.std(),
+                    "log-standard": (np.log1p(p) - x.mean()) / x.std(),
+                    "minmax": (p - x.min()) / (x.max() - x.min()),
+                    "log": np.log1p(p)}[transform]
+            assert v == pytest.approx(want, abs=2e-5), (transform, cell)
+    # A model trained on them predicts raw rows (featurized by its export's vocabulary, the
+    # statistics with it) as it predicts the featurized split.
+    d = tmp_path / "log-standard"
+    ctrtrain_here("train", "--train", d / "train", "--test", d / "test", "--model-dir", d / "m",
+                  "--steps", 5, "--batch-size", 64, "--numeric-input", "value", "--quiet")
+    ctrtrain_here("predict", "--model", d / "m" / "export", "--input", d / "test", "--out",
+                  d / "a.csv")
+    ctrtrain_here("predict", "--model", d / "m" / "export", "--input", tmp_path / "test.csv",
+                  "--out", d / "b.csv")
+    assert (d / "a.csv").read_text() == (d / "b.csv").read_text()
+    old = json.loads((tmp_path / "log" / "train" / "vocab.json").read_text())
+    old["numeric_transform"] = "sign(x)*log1p(|x|), missing=0"
+    del old["numeric_stats"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert Vocabulary.load(str(tmp_path / "old.json")).numeric_transform == "log"
+    r = run_cli("data", "featurize", tmp_path / "train.csv", "--out", tmp_path / "bad",
+                "--numeric", "price", "--numeric-transform", "zscore", check=False)
+    assert r.returncode == 2 and "numeric transform 'zscore' is not one of" in r.stderr
+    assert not (tmp_path / "bad").exists()

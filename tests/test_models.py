@@ -195,6 +195,63 @@ def test_each_model_computes_its_papers_logit(name, options):
     assert l2 == 0.0
 
 
+@pytest.mark.parametrize("name,options", [
+    ("deepfm", {}), ("wide_deep", {}), ("dcn_v2", {}), ("dcn_v2", {"dcn_linear": False}),
+    ("xdeepfm", {"cin_layers": (3, 2)}), ("autoint", {"attention_layers": 2}),
+    ("din", {"din_attention_units": (5, 2)})])
+def test_numeric_values_enter_each_deep_model_as_deepctrs_densefeat(name, options):
+    """numeric_input value: the numeric field has no row and no slot; its value follows the
+    embeddings in the MLP's input (DCN-v2: in x0, which both the cross network and the MLP
+    read; AutoInt: beside the attention's output) and meets a weight of its own in the linear
+    part, never FM's, the CIN's or the attention's interactions (DeepCTR's DenseFeat)."""
+    from ctrtrain.models import build_model
+    from ctrtrain.models.base import ModelConfig
+    m = build_model(ModelConfig(feature_size=10, field_size=4, embedding_size=3, numeric_fields=1,
+                                numeric_input="value", deep_layers=(5, 4), bags=((3, "sum"),),
+                                initial_bias=0.25, fields=FIELDS, model=name, seed=1,
+                                options=options))
+    assert m.table.shape[0] == 10                     # no row for the numeric field
+    m.table.assign(tf.random.normal(m.table.shape, seed=2))
+    for v in m.dense_variables()[1:]:
+        v.assign(tf.random.normal(v.shape, stddev=0.3, seed=3))
+    for d in getattr(getattr(m, "attention", None), "dice", []):
+        d.mean.assign(tf.random.normal(d.mean.shape, stddev=0.3, seed=4))
+        d.var.assign(tf.random.uniform(d.var.shape, 0.5, 2.0, seed=5))
+    f = features()
+    x = f["numeric"].numpy()
+    table = m.table.numpy()
+    padded = np.concatenate([table, np.zeros((1, table.shape[1]), np.float32)])
+    four = slots(padded, f)                                 # the numeric slot all zeros
+    s = four[:, [0, 1, 3]]                                  # C1, C2, the bag
+    fo = table.shape[1] == 4
+    first = s[:, :, 0].sum(1) + (x @ m.numeric_linear.kernel.numpy())[:, 0] if fo else 0.0
+    assert (m.numeric_linear is not None) == fo
+    e = s[:, :, 1:] if fo else s
+    deep_in = np.concatenate([s.reshape(len(s), -1), x], 1)
+    no_first = np.concatenate([np.tile([0.0] + [1.0] * 3, 3), [1.0]])[:, None]
+    if name == "deepfm":
+        fm = 0.5 * ((e.sum(1) ** 2) - (e ** 2).sum(1)).sum(1)
+        want = first + fm + np_mlp(m.mlp, deep_in, no_first)[:, 0]
+    elif name == "wide_deep":
+        want = first + np_mlp(m.mlp, deep_in, no_first)[:, 0]
+    elif name == "xdeepfm":
+        want = first + np_mlp(m.cin_out, np_cin(m.cin, e))[:, 0] + \
+            np_mlp(m.mlp, deep_in, no_first)[:, 0]
+    elif name == "autoint":
+        a = s
+        for layer in m.layers:
+            a = np_attention(layer, a)
+        want = np_mlp(m.out, np.concatenate([a.reshape(len(a), -1), x], 1))[:, 0]
+    elif name == "din":
+        block = np_din_block(m, four, f)[:, [0, 1, 3]]
+        want = np_mlp(m.mlp, np.concatenate([block.reshape(len(s), -1), x], 1))[:, 0]
+    else:
+        x0 = np.concatenate([e.reshape(len(s), -1), x], 1)
+        deep = np_mlp(m.mlp, deep_in, no_first if fo else None)
+        want = first + np_mlp(m.out, np.concatenate([np_cross(m.cross, x0), deep], 1))[:, 0]
+    np.testing.assert_allclose(m(f)[0].numpy(), 0.25 + want, rtol=1e-4, atol=1e-5)
+
+
 def test_xdeepfm_mixed_precision_computes_the_cin_in_bfloat16():
     """--mixed-precision reaches the CIN (its matmuls are most of xDeepFM's step): the same
     logit as float32 to bfloat16's precision, and not bit-equal (so the flag is not ignored)."""
@@ -391,7 +448,11 @@ def small(model) -> dict:
     # xDeepFM's CIN and DLRM's top MLP (over 39 fields' 741 dot products) cost most.
     own = {"xdeepfm": {"cin_layers": "16,16"}, "dlrm": {"deep_layers": "64"},
            "din": {"din_target": "C1", "din_attention_units": "8", "deep_layers": "64"}}
-    return {**out, **own.get(model, {})}
+    # Declared numeric fields as values (no rows, a dense linear weight) in three of the
+    # models, so that every mode's family job, and DIN's resume, export and predict on its
+    # declared fields, train them that way; the others (and DeepFM's runs) as embeddings.
+    values = {"numeric_input": "value"} if model in ("wide_deep", "dcn_v2", "din") else {}
+    return {**out, **own.get(model, {}), **values}
 
 
 def train(data, md, model, steps, *extra):
@@ -443,6 +504,9 @@ def assert_family_trained(done: dict, mode: str) -> None:
         r, export = done[name]["result"], done[name]["export"]
         assert r["mode"] == mode and r["step"] == 60 and r["test"]["auc"] > 0.6, (name, r)
         assert (export["model"], export["mode"]) == (name, mode), (name, export)
+        # how the declared numeric fields entered (embedding for the models that read no
+        # numeric_input: LR, FM and DLRM keep their own forms)
+        assert export["numeric_input"] == small(name).get("numeric_input", "embedding"), name
 
 
 # Every model in both multi-process trainers (train/sync.py, train/ps.py), on the declared

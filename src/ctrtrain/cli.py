@@ -110,6 +110,12 @@ def _data_commands(sub):
                         "(1), below it 0; kept in the vocabulary for later splits")
     p.add_argument("--numeric", type=_columns, action="extend", default=[], metavar="COLS",
                    help="CSV: these columns (comma-separated) are numbers (besides I1, I2, ...)")
+    p.add_argument("--numeric-transform", default=None, metavar="TRANSFORM",
+                   help="how numeric values are written: log, sign(x)*log1p(|x|) (the "
+                        "default); standard, (x - mean) / deviation; log-standard, the log "
+                        "then standardized; minmax, into [0, 1]; none. The statistics are the "
+                        "training split's, kept in the vocabulary for later splits; a missing "
+                        "value is 0 after the transform")
     p.add_argument("--multi-hot", type=_columns, action="extend", default=[], metavar="COLS",
                    help="CSV: these columns hold several values each (Comedy|Drama): the output "
                         "then declares its fields (multi_hot, mean-pooled) and is TFRecord")
@@ -226,16 +232,18 @@ def cmd_featurize(a):
     from .data.raw import ColumnRoles
     from .data.validate import describe
     if a.vocab and (a.numeric or a.multi_hot or a.sequence or a.drop or a.max_len
-                    or a.share_vocab or a.label_threshold is not None):
-        raise ConfigError("--numeric, --multi-hot, --sequence, --share-vocab, --max-len, --drop "
-                          "and --label-threshold are the vocabulary's: give them when building "
-                          "it, not with --vocab")
+                    or a.share_vocab or a.label_threshold is not None
+                    or a.numeric_transform is not None):
+        raise ConfigError("--numeric, --numeric-transform, --multi-hot, --sequence, "
+                          "--share-vocab, --max-len, --drop and --label-threshold are the "
+                          "vocabulary's: give them when building it, not with --vocab")
     m = featurize(a.inputs, a.out, fmt=a.format, vocab_path=a.vocab, min_count=a.min_count,
                   hash_buckets=a.hash_buckets, has_label=not a.no_label,
                   label_column=a.label_column, overwrite=a.overwrite,
                   roles=ColumnRoles(tuple(a.numeric), tuple(a.multi_hot), tuple(a.drop),
                                     a.separator, tuple(a.sequence), tuple(a.share_vocab)),
-                  label_threshold=a.label_threshold, max_len=a.max_len)
+                  label_threshold=a.label_threshold, max_len=a.max_len,
+                  numeric_transform=a.numeric_transform or "log")
     print(describe(a.out))
     _print_longer(m)
 

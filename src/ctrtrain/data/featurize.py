@@ -1,6 +1,11 @@
 """Raw columns -> the fixed-field schema (one id and one value per field), or declared fields.
 
-Numeric field i: id i, value sign(x)*log1p(|x|) rounded to 5 decimals, missing = 0.
+Numeric field i: id i, its value transformed (`numeric_transform`, NUMERIC_TRANSFORMS) and
+rounded to 5 decimals, missing = 0: log, sign(x)*log1p(|x|) (the default); standard,
+(x - mean) / deviation; log-standard, the log then standardized; minmax, (x - min) / (max -
+min). The statistics are the training split's (present values only), kept in the vocabulary
+and applied to every later split and to prediction, as the categorical values are. A missing
+value is 0 after the transform: for the standardized forms, the training split's mean.
 Categorical field j: either a vocabulary built on the training split (values seen at least
 `min_count` times; index 0 of each field is its out-of-vocabulary id) or hashing into a fixed
 number of buckets per field. Empty (missing) is a value like any other. The vocabulary is saved
@@ -36,6 +41,66 @@ from .libsvm import Rows
 from .raw import ColumnRoles, RawChunk, RawSchema, read_raw, sniff_format
 
 VOCAB_NAME = "vocab.json"
+NUMERIC_TRANSFORMS = ("log", "standard", "log-standard", "minmax", "none")
+
+
+def signed_log(x):
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+def numeric_statistics(x, transform: str) -> dict:
+    """Running sums of a chunk's numeric columns [n, k] (NaN: missing) before the final
+    scaling, for merge_statistics and scale_numeric."""
+    if transform.startswith("log"):
+        x = signed_log(x)
+    present = ~np.isnan(x)
+    z = np.where(present, x, 0.0)
+    return {"count": present.sum(0).astype(np.float64), "sum": z.sum(0),
+            "sumsq": (z * z).sum(0),
+            "min": np.where(present, x, np.inf).min(0) if len(x) else np.full(x.shape[1], np.inf),
+            "max": np.where(present, x, -np.inf).max(0) if len(x) else np.full(x.shape[1], -np.inf)}
+
+
+def merge_statistics(a: dict | None, b: dict) -> dict:
+    if a is None:
+        return b
+    return {"count": a["count"] + b["count"], "sum": a["sum"] + b["sum"],
+            "sumsq": a["sumsq"] + b["sumsq"], "min": np.minimum(a["min"], b["min"]),
+            "max": np.maximum(a["max"], b["max"])}
+
+
+def column_statistics(sums: dict | None, columns: list[str]) -> dict:
+    """{column: {mean, std, min, max}} of the present values (a column with none: 0, 1, 0, 0;
+    a constant one: std 1), JSON-ready."""
+    out = {}
+    for j, c in enumerate(columns):
+        n = float(sums["count"][j]) if sums else 0.0
+        if n == 0:
+            out[c] = {"mean": 0.0, "std": 1.0, "min": 0.0, "max": 0.0}
+            continue
+        mean = float(sums["sum"][j]) / n
+        var = max(float(sums["sumsq"][j]) / n - mean * mean, 0.0)
+        std = var ** 0.5
+        out[c] = {"mean": mean, "std": std if std > 1e-12 else 1.0,
+                  "min": float(sums["min"][j]), "max": float(sums["max"][j])}
+    return out
+
+
+def scale_numeric(x, transform: str, stats: dict, columns: list[str]):
+    """The numeric columns [n, k] (NaN: missing) as featurize writes them."""
+    missing = np.isnan(x)
+    x = np.where(missing, 0.0, x)
+    if transform.startswith("log"):
+        x = signed_log(x)
+    if transform in ("standard", "log-standard"):
+        mean = np.array([stats[c]["mean"] for c in columns])
+        std = np.array([stats[c]["std"] for c in columns])
+        x = (x - mean) / std
+    elif transform == "minmax":
+        lo = np.array([stats[c]["min"] for c in columns])
+        width = np.array([stats[c]["max"] - stats[c]["min"] for c in columns])
+        x = (x - lo) / np.where(width > 0, width, 1.0)
+    return np.round(np.where(missing, 0.0, x), 5)
 
 
 @dataclasses.dataclass
@@ -47,6 +112,9 @@ class Vocabulary:
     values: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     max_len: dict[str, int] = dataclasses.field(default_factory=dict)   # multi-valued columns
     label_threshold: float | None = None   # the label column is a score: >= this is a click
+    numeric_transform: str = "log"         # NUMERIC_TRANSFORMS
+    numeric_stats: dict = dataclasses.field(default_factory=dict)   # {column: mean, std, min,
+                                                                     # max} of the training split
 
     def __post_init__(self):
         self._index = {c: {v: i + 1 for i, v in enumerate(vals)} for c, vals in self.values.items()}
@@ -134,8 +202,8 @@ class Vocabulary:
 
     def transform(self, chunk: RawChunk) -> Rows:
         n = chunk.numeric.shape[0]
-        x = np.nan_to_num(chunk.numeric, nan=0.0)
-        num_vals = np.round(np.sign(x) * np.log1p(np.abs(x)), 5)
+        num_vals = scale_numeric(chunk.numeric, self.numeric_transform, self.numeric_stats,
+                                 self.schema.numeric)
         ids = np.empty((n, self.field_size), np.int64)
         values = np.ones((n, self.field_size), np.float32)
         k = len(self.schema.numeric)
@@ -151,8 +219,9 @@ class Vocabulary:
         return {"version": 1, "mode": self.mode, "min_count": self.min_count,
                 "hash_buckets": self.hash_buckets, "schema": dataclasses.asdict(self.schema),
                 "feature_size": self.feature_size, "field_size": self.field_size,
-                "numeric_transform": "sign(x)*log1p(|x|), missing=0", "values": self.values,
-                "max_len": self.max_len, "label_threshold": self.label_threshold}
+                "numeric_transform": self.numeric_transform, "numeric_stats": self.numeric_stats,
+                "values": self.values, "max_len": self.max_len,
+                "label_threshold": self.label_threshold}
 
     def save(self, path: str) -> None:
         tmp = path + ".tmp"
@@ -204,6 +273,16 @@ class Vocabulary:
             elif not isinstance(d.get("label_threshold"), (int, float, type(None))) \
                     or isinstance(d.get("label_threshold"), bool):
                 problem = "label_threshold must be a number or null"
+            elif d.get("numeric_transform", "log") not in NUMERIC_TRANSFORMS + (
+                    "sign(x)*log1p(|x|), missing=0",):
+                problem = f"numeric_transform must be one of {', '.join(NUMERIC_TRANSFORMS)}"
+            elif not isinstance(d.get("numeric_stats", {}), dict) or any(
+                    not isinstance(d.get("numeric_stats", {}).get(c), dict)
+                    or not all(isinstance(d["numeric_stats"][c].get(k), (int, float))
+                               for k in ("mean", "std", "min", "max"))
+                    for c in (sc["numeric"] if d.get("numeric_transform", "log")
+                              in ("standard", "log-standard", "minmax") else [])):
+                problem = "numeric_stats must give every numeric column mean, std, min, max"
             elif not isinstance(d.get("min_count"), int):
                 problem = "min_count must be an integer"
             elif not isinstance(d.get("values"), dict) or (d["mode"] == "vocab" and any(
@@ -213,8 +292,11 @@ class Vocabulary:
                 problem = "values must map every categorical column to a list of strings"
         if problem:
             raise DataError(f"not a ctrtrain vocabulary: {problem}", path=path)
+        transform = d.get("numeric_transform", "log")     # the first versions wrote a formula
         return cls(RawSchema(**d["schema"]), d["mode"], d["min_count"], d["hash_buckets"],
-                   d["values"], d.get("max_len", {}), d.get("label_threshold"))
+                   d["values"], d.get("max_len", {}), d.get("label_threshold"),
+                   transform if transform in NUMERIC_TRANSFORMS else "log",
+                   d.get("numeric_stats", {}))
 
 
 def split_bag(cell: str, separator: str) -> list[str]:
@@ -226,11 +308,11 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
                      min_count: int = 10, hash_buckets: int = 0, has_label: bool = True,
                      label_column: str | None = None, roles: ColumnRoles = ColumnRoles(),
                      label_threshold: float | None = None,
-                     max_len: int | None = None) -> Vocabulary:
+                     max_len: int | None = None, numeric_transform: str = "log") -> Vocabulary:
     """Counts categorical values (and each value of a multi-valued cell) over the training
     files (one pass) and keeps the frequent ones, most frequent first (ties by value, so the
     result does not depend on chunking); a multi-valued column's max_len is its longest bag,
-    at most `max_len`."""
+    at most `max_len`; the numeric columns' statistics for `numeric_transform`."""
     def read(p, **kw):
         return read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
                         label_column=label_column, roles=roles,
@@ -239,15 +321,22 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
         raise DataError("--share-vocab gives a column another's vocabulary: not with "
                         "--hash-buckets (each hashed field has ids of its own)",
                         path=", ".join(paths))
-    if hash_buckets and not (roles.multi_hot or roles.sequence):
+    if numeric_transform not in NUMERIC_TRANSFORMS:
+        raise DataError(f"numeric transform {numeric_transform!r} is not one of "
+                        f"{', '.join(NUMERIC_TRANSFORMS)}", field="numeric_transform")
+    scaled = numeric_transform in ("standard", "log-standard", "minmax")
+    if hash_buckets and not (roles.multi_hot or roles.sequence) and not scaled:
         for p in paths:
             schema, _ = next(read(p, chunk_rows=1))
         return Vocabulary(schema, "hash", min_count, hash_buckets,
-                          label_threshold=label_threshold)
+                          label_threshold=label_threshold, numeric_transform=numeric_transform)
     counts: dict[str, Counter] = {}
     longest: dict[str, int] = {}
+    sums = None
     for p in paths:
         for schema, chunk in read(p):
+            if scaled:
+                sums = merge_statistics(sums, numeric_statistics(chunk.numeric, numeric_transform))
             for j, col in enumerate(schema.categorical if not hash_buckets else []):
                 vc = pd.Series(chunk.categorical[:, j]).value_counts()
                 counts.setdefault(col, Counter()).update(dict(zip(vc.index, vc.to_numpy().tolist())))
@@ -262,14 +351,17 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
     if schema is None:
         raise DataError("no rows to build a vocabulary from", path=", ".join(paths))
     lens = {c: min(longest.get(c, 1), max_len or longest.get(c, 1)) for c in schema.lists}
+    stats = column_statistics(sums, schema.numeric) if scaled else {}
     if hash_buckets:
         return Vocabulary(schema, "hash", min_count, hash_buckets, max_len=lens,
-                          label_threshold=label_threshold)
+                          label_threshold=label_threshold, numeric_transform=numeric_transform,
+                          numeric_stats=stats)
     values = {}
     for col in [c for c in schema.categorical + schema.lists if c not in schema.shared]:
         kept = [(v, c) for v, c in counts.get(col, Counter()).items() if c >= min_count]
         values[col] = [v for v, _ in sorted(kept, key=lambda vc: (-vc[1], vc[0]))]
-    return Vocabulary(schema, "vocab", min_count, 0, values, lens, label_threshold)
+    return Vocabulary(schema, "vocab", min_count, 0, values, lens, label_threshold,
+                      numeric_transform, stats)
 
 
 def featurize_file(path: str, vocab: Vocabulary, fmt: str | None = None, has_label: bool = True,
@@ -308,7 +400,7 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
               min_count: int = 10, hash_buckets: int = 0, has_label: bool = True,
               label_column: str | None = None, overwrite: bool = False,
               roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None,
-              max_len: int | None = None):
+              max_len: int | None = None, numeric_transform: str = "log"):
     """Raw files -> a libsvm data directory (one file per input; TFRecord with declared fields
     when there are multi-valued columns) with the vocabulary beside it. Without `vocab_path`
     the vocabulary is built from these inputs (the training split)."""
@@ -321,7 +413,8 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
     vocab = Vocabulary.load(vocab_path) if vocab_path else \
         build_vocabulary(files, fmt, min_count=min_count, hash_buckets=hash_buckets,
                          has_label=has_label, label_column=label_column, roles=roles,
-                         label_threshold=label_threshold, max_len=max_len)
+                         label_threshold=label_threshold, max_len=max_len,
+                         numeric_transform=numeric_transform)
     out = prepare_output_dir(out_dir, overwrite, [*inputs, *([vocab_path] if vocab_path else [])])
     entries, positives, longer = [], 0, {}
     fields = vocab.fields() if vocab.declared else None

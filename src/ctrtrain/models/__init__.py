@@ -17,7 +17,7 @@ from ..values import boolean, choice, items, number
 
 # The shared settings of a model with an MLP.
 DEEP = ("embedding_size", "embedding_init", "deep_layers", "dropout", "batch_norm", "l2_dense",
-        "xla", "mixed_precision")
+        "xla", "mixed_precision", "numeric_input")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +61,7 @@ MODELS = {
                          "cin_layers": Option((128, 128), "feature maps of each CIN layer, e.g. "
                                               "128,128", items(number(int, 1)))}),
     "autoint": Entry("autoint:AutoInt", "AutoInt: multi-head self-attention over the fields",
-                     ("embedding_size", "embedding_init", "l2_dense"), {
+                     ("embedding_size", "embedding_init", "l2_dense", "numeric_input"), {
                          "attention_layers": Option(3, "interacting (self-attention) layers",
                                                     number(int, 1)),
                          "attention_heads": Option(2, "heads per layer", number(int, 1)),
@@ -69,7 +69,8 @@ MODELS = {
                          "attention_residual": Option(True, "add W_res e to each layer's "
                                                       "output", boolean)}),
     "dlrm": Entry("dlrm:DLRM", "DLRM: a bottom MLP over the numeric fields, dot products of "
-                  "every two vectors, a top MLP (deep_layers)", DEEP, {
+                  "every two vectors, a top MLP (deep_layers)",
+                  tuple(r for r in DEEP if r != "numeric_input"), {
                       "bottom_layers": Option((512, 256), "hidden widths of the bottom MLP over "
                                               "the declared numeric fields (k is appended)",
                                               items(number(int, 1)))}),

@@ -2,7 +2,8 @@
 
 e_m = V[id_m] x_m  ->  L interacting layers (blocks.SelfAttention: heads of softmax(<W_Q e_m,
 W_K e_k>) over the fields, concatenated, plus the residual W_res e_m, ReLU)  ->
-logit = bias + w^T concat_m(e_m^(L))
+logit = bias + w^T concat_m(e_m^(L))    (then the numeric values, with numeric_input value: the
+                                        numeric fields have no e_m, their values meet w alone)
 
 Options: `attention_layers` (L), `attention_heads`, `attention_size` (each head's width),
 `attention_residual`. As the paper's AutoInt: no linear part and no MLP (AutoInt+ adds an MLP;
@@ -29,11 +30,12 @@ class AutoInt(CTRModel):
                                              o["attention_residual"], seed=cfg.seed + 2 + i,
                                              name=f"attention_{i}"))
             width = o["attention_heads"] * o["attention_size"]
-        self.out = MLP(cfg.field_size * width, [1], seed=cfg.seed + 1, name="out")
+        self.out = MLP(cfg.slots * width + cfg.numeric_values, [1], seed=cfg.seed + 1, name="out")
         return self.layers + [self.out]
 
     def terms(self, embedded, training):
         e = embedded.block                              # [B, m, k]: no first-order column
         for layer in self.layers:
             e = layer(e)
-        return [self.out(tf.reshape(e, [-1, e.shape[1] * e.shape[2]]))[:, 0]]
+        attended = tf.reshape(e, [-1, e.shape[1] * e.shape[2]])
+        return [self.out(embedded.with_values(attended))[:, 0]]

@@ -12,6 +12,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from .blocks import NumericLinear
 from .engine.tables import EMBEDDING_INIT, EmbeddingTable, shards
 
 
@@ -32,13 +33,29 @@ class ModelConfig:
     xla: bool = False             # XLA-compile the MLP (the sparse part has dynamic shapes)
     seed: int = 0
     initial_bias: float = 0.0     # the output bias at the start: logit of the positive rate
-    numeric_fields: int = 0       # declared numeric fields: rows feature_size .. + this
+    numeric_fields: int = 0       # declared numeric fields
+    numeric_input: str = "embedding"   # how they enter the model: "embedding", a row of the
+                                       # table each (feature_size + j) times the value, in
+                                       # every block; "value", the value itself into the deep
+                                       # part's input (and a weight times it into the linear
+                                       # part), as DeepCTR's DenseFeat: no row, no slot
     bags: tuple[tuple[int, str], ...] = ()   # (max_len, pooling) of each multi_hot or
                                              # sequence field, in field order
     fields: tuple[tuple[str, str], ...] = ()   # declared fields' (name, kind), in declaration
                                                # order; () for the fixed schema
     model: str = "deepfm"         # the model's name (models/__init__.py MODELS)
     options: dict = dataclasses.field(default_factory=dict)   # the model's own options
+
+    @property
+    def numeric_values(self) -> int:
+        """The numeric fields that enter as values (numeric_input value): none has a slot in
+        the embedded block."""
+        return self.numeric_fields if self.numeric_input == "value" else 0
+
+    @property
+    def slots(self) -> int:
+        """The embedded block's slots (fields that have one)."""
+        return self.field_size - self.numeric_values
 
     def rates(self) -> tuple[float, ...]:
         d = self.dropout
@@ -77,6 +94,12 @@ class CTRModel(tf.Module):
         # instead of spending themselves on moving the bias from 0.5.
         self.bias = tf.Variable(float(cfg.initial_bias), name="bias")
         self.blocks = self.build(cfg)
+        # Numeric values in a model with a linear part: a weight times each value there, as
+        # the table's column 0 is for ids (DeepCTR's linear part over its DenseFeat).
+        self.numeric_linear = None
+        if cfg.numeric_values and self.first_order:
+            self.numeric_linear = NumericLinear(cfg.numeric_values)
+            self.blocks.append(self.numeric_linear)
 
     def build(self, cfg: ModelConfig) -> list:
         """Creates the model's blocks (after the table, so that seeded initial values do not
@@ -104,8 +127,11 @@ class CTRModel(tf.Module):
         """Returns (logits [B], the dense kernels' L2 penalty) of a batch's features (ids,
         values; with declared fields also numeric, bag_ids, bag_weights: data/schema.py)."""
         logits = self.bias
-        for term in self.terms(self.embeddings(features, read_rows), training):
+        embedded = self.embeddings(features, read_rows)
+        for term in self.terms(embedded, training):
             logits = logits + term
+        if self.numeric_linear is not None:
+            logits = logits + self.numeric_linear(embedded.numeric)
         penalized = [k for b in self.blocks for k in b.penalized()]
         l2 = 0.0
         if self.cfg.l2_dense and penalized:

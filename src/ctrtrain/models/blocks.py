@@ -69,19 +69,38 @@ def first_order(block):
 
 def mlp_over_fields(cfg, first_order: bool, out: int | None = 1, seed: int = 1):
     """The model's MLP (deep_layers, dropout, batch_norm, ...) over the embedded block read
-    flat [B, F * width], then a linear layer of `out` units (None: the last hidden layer's
-    output). With a first-order column the first kernel's rows facing it are held at zero, so
-    the MLP sees the embeddings alone and nothing slices the block (see first_and_fm).
-    `seed`: added to the model's seed."""
-    k = cfg.embedding_size
-    width = cfg.field_size * (int(first_order) + k)
+    flat [B, slots * width] and the numeric values that enter as values (Embedded.deep_input),
+    then a linear layer of `out` units (None: the last hidden layer's output). With a
+    first-order column the first kernel's rows facing it are held at zero, so the MLP sees the
+    embeddings alone and nothing slices the block (see first_and_fm). `seed`: added to the
+    model's seed."""
+    k, n = cfg.embedding_size, cfg.numeric_values
+    width = cfg.slots * (int(first_order) + k) + n
     mask = None
     if first_order:
-        mask = tf.constant(([0.0] + [1.0] * k) * cfg.field_size, shape=[width, 1],
+        mask = tf.constant(([0.0] + [1.0] * k) * cfg.slots + [1.0] * n, shape=[width, 1],
                            dtype=tf.float32)
     units = list(cfg.deep_layers) + ([out] if out else [])
     return MLP(width, units, cfg.rates(), cfg.batch_norm, seed=cfg.seed + seed, input_mask=mask,
                mixed_precision=cfg.mixed_precision, xla=cfg.xla, linear_last=bool(out))
+
+
+class NumericLinear(tf.Module):
+    """sum_j w_j x_j [B] of the numeric values x [B, n] (w starts at zero, as the table's
+    first-order column does)."""
+
+    def __init__(self, n: int, name="numeric_linear"):
+        super().__init__(name=name)
+        self.kernel = tf.Variable(tf.zeros([n, 1]), name="kernel")
+
+    def variables_to_update(self):
+        return [self.kernel]
+
+    def penalized(self):
+        return []
+
+    def __call__(self, x):
+        return tf.matmul(x, self.kernel)[:, 0]
 
 
 class MLP(tf.Module):

@@ -1,6 +1,7 @@
 """DCN-v2 (Wang et al., 2021, "DCN V2: Improved Deep & Cross Network").
 
-x0 = concat_f e_f (the embeddings, e_f = V[id_f] x_f; a numeric field's row scaled by its value)
+x0 = concat_f e_f (the embeddings, e_f = V[id_f] x_f; a numeric field's row scaled by its value,
+     or with numeric_input value its value itself, after the embeddings, as DeepCTR's DCN)
 cross layer l: x_{l+1} = x0 * (W_l x_l + b_l) + x_l          (W_l d x d, or U_l V_l^T of rank r)
 parallel: logit = bias + [linear] + w^T [x_L ; MLP(x0)]      (the default)
 stacked:  logit = bias + [linear] + MLP(x_L), the MLP ending in one linear unit
@@ -33,7 +34,7 @@ class DCNv2(CTRModel):
 
     def build(self, cfg):
         o = self.options
-        width = cfg.field_size * cfg.embedding_size
+        width = cfg.slots * cfg.embedding_size + cfg.numeric_values
         self.stacked = o["cross_structure"] == "stacked"
         self.cross = CrossNetwork(width, o["cross_layers"], o["cross_rank"], seed=cfg.seed + 2)
         # Stacked, the MLP reads x_L (the embeddings alone); parallel, the block, the weights'
@@ -48,9 +49,10 @@ class DCNv2(CTRModel):
     def terms(self, embedded, training):
         vectors = embedded.vectors()
         x0 = tf.reshape(vectors, [-1, vectors.shape[1] * vectors.shape[2]])
+        x0 = embedded.with_values(x0)
         linear = [first_order(embedded.block)] if self.first_order else []
         crossed = self.cross(x0)
         if self.stacked:
             return linear + [self.mlp(crossed, training)[:, 0]]
-        both = tf.concat([crossed, self.mlp(embedded.flat(), training)], 1)
+        both = tf.concat([crossed, self.mlp(embedded.deep_input(), training)], 1)
         return linear + [self.out(both)[:, 0]]

@@ -4,6 +4,10 @@ logit = bias + sum_f w[id_f] x_f                           (first order)
       + 1/2 sum_k [(sum_f e_fk)^2 - sum_f e_fk^2]          (FM second order, e_f = V[id_f] x_f)
       + MLP(concat_f e_f)                                  (deep part)
 
+With numeric_input value a numeric field has no e_f: its value enters the MLP's input itself
+(after the embeddings) and the first order as w_j x_j (models/base.py), not the FM term, as
+DeepCTR's DenseFeat. Wide & Deep, DCN-v2, xDeepFM, AutoInt and DIN read it the same way.
+
 w and V share the table (column 0 is w: engine/tables.py). The MLP reads the whole
 [B, F, 1 + k] block through a first kernel whose rows facing column 0 (w) are held at zero by a
 constant mask, so the deep part sees exactly the embeddings, as in DeepFM, and nothing slices
@@ -24,4 +28,4 @@ class DeepFM(CTRModel):
 
     def terms(self, embedded, training):
         first, fm = first_and_fm(embedded.block)
-        return [first, fm, self.mlp(embedded.flat(), training)[:, 0]]
+        return [first, fm, self.mlp(embedded.deep_input(), training)[:, 0]]

@@ -8,7 +8,8 @@ v_U    = sum_j a(e_j, q) e_j                        (the user's history, a seque
                                                      TargetAttention, Dice, no softmax)
 logit  = bias + MLP([e_1, ..., v_U, ..., e_F])      (every field's embedding, the history's
                                                      replaced by v_U; other bags pooled as
-                                                     declared)
+                                                     declared; with numeric_input value
+                                                     the numeric values after them)
 
 Needs declared fields (docs/fields.md) with a sequence field. Options: `din_sequence` (the
 history; default: the data's only sequence field), `din_target` (the candidate; default: the
@@ -68,7 +69,7 @@ class DIN(CTRModel):
         k = cfg.embedding_size
         self.attention = TargetAttention(k, self.options["din_attention_units"],
                                          seed=cfg.seed + 2)
-        self.mlp = MLP(cfg.field_size * k, list(cfg.deep_layers) + [1], cfg.rates(),
+        self.mlp = MLP(cfg.slots * k + cfg.numeric_values, list(cfg.deep_layers) + [1], cfg.rates(),
                        cfg.batch_norm, seed=cfg.seed + 1, mixed_precision=cfg.mixed_precision,
                        xla=cfg.xla)
         return [self.attention, self.mlp]
@@ -77,5 +78,5 @@ class DIN(CTRModel):
         rows, held = embedded.bag_rows(self.history)
         interest = self.attention(embedded.field_row(self.target), rows, held, training)
         block = embedded.with_bag(self.history, interest)         # [B, F, k]
-        return [self.mlp(tf.reshape(block, [-1, block.shape[1] * block.shape[2]]),
-                         training)[:, 0]]
+        flat = tf.reshape(block, [-1, block.shape[1] * block.shape[2]])
+        return [self.mlp(embedded.with_values(flat), training)[:, 0]]

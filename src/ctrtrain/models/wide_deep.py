@@ -22,4 +22,4 @@ class WideDeep(CTRModel):
         return [self.mlp]
 
     def terms(self, embedded, training):
-        return [first_order(embedded.block), self.mlp(embedded.flat(), training)[:, 0]]
+        return [first_order(embedded.block), self.mlp(embedded.deep_input(), training)[:, 0]]

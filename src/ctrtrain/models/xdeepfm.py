@@ -21,7 +21,7 @@ from .blocks import CIN, MLP, first_order, mlp_over_fields
 class XDeepFM(CTRModel):
     def build(self, cfg):
         layers = self.options["cin_layers"]
-        self.cin = CIN(cfg.field_size, layers, seed=cfg.seed + 2,
+        self.cin = CIN(cfg.slots, layers, seed=cfg.seed + 2,
                        mixed_precision=cfg.mixed_precision)
         self.cin_out = MLP(sum(layers), [1], seed=cfg.seed + 3, name="cin_out")
         self.mlp = mlp_over_fields(cfg, first_order=True)
@@ -30,4 +30,4 @@ class XDeepFM(CTRModel):
     def terms(self, embedded, training):
         return [first_order(embedded.block),
                 self.cin_out(self.cin(embedded.vectors()))[:, 0],
-                self.mlp(embedded.flat(), training)[:, 0]]
+                self.mlp(embedded.deep_input(), training)[:, 0]]

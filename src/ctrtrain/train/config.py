@@ -167,6 +167,11 @@ class TrainConfig:
                                          "(default: l2_reg)", number(float, 0, optional=True))
     l2_dense: float | None = setting(None, "model", "L2 on the MLP kernels only (default: "
                                      "l2_reg)", number(float, 0, optional=True))
+    numeric_input: str = setting("embedding", "model", "how declared numeric fields enter the "
+                                 "deep models: embedding (a row of the table times the value, "
+                                 "in every block) | value (the value itself into the MLP's "
+                                 "input and a weight times it into the linear part, as "
+                                 "DeepCTR's DenseFeat)", _choice("embedding", "value"))
     output_bias: str = setting("prior", "model", "the output bias at the start: prior (the "
                                "logit of the training data's positive rate) | zero",
                                _choice("prior", "zero"))
@@ -505,6 +510,8 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
                         mixed_precision=cfg.mixed_precision, xla=cfg.xla, seed=cfg.seed,
                         initial_bias=bias,
                         numeric_fields=len(schema.of("numeric")) if schema else 0,
+                        numeric_input=cfg.numeric_input
+                        if "numeric_input" in MODELS[cfg.model].reads else "embedding",
                         bags=tuple((f.max_len, f.pooling) for f in schema.lists())
                         if schema else (),
                         fields=tuple((f.name, f.kind) for f in schema.fields) if schema else (),

@@ -320,6 +320,8 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
             trainer.model, md / "export", outcome.step,
             {"model": cfg.model, "field_size": manifest.field_size, "feature_size": feature_size,
              **({"fields": manifest.fields} if manifest.fields else {}),
+             **({"numeric_input": trainer.model.cfg.numeric_input}
+                if trainer.model.cfg.numeric_fields else {}),
              "step": model_step, "trained_steps": outcome.step, "test": result["test"],
              "valid": result["valid"], "mode": cfg.mode}, vocab,
             schema=manifest.schema)

@@ -12,8 +12,10 @@ already summed per distinct row (`unique_gradients`) and the optimizer need not 
 again. With Zipf-distributed ids a batch of 1024 x 39 ids touches only a few thousand rows.
 
 Declared fields (data/schema.py) enter the same block, one slot per field:
-  - a numeric field is a row of its own (after the data's ids: feature_size + j) scaled by its
-    value, as the paper's dense features (and the fixed schema's value per id) are;
+  - a numeric field (numeric_input embedding) is a row of its own (after the data's ids:
+    feature_size + j) scaled by its value, as the paper's dense features (and the fixed
+    schema's value per id) are; with numeric_input value it has neither row nor slot, and
+    the models read its value (Embedded.numeric, deep_input);
   - a multi_hot or sequence field is the pooled sum of its ids' rows times their weights
     (divided by the weights' sum for `mean`, by the root of their squares' sum for `sqrtn`; 0
     for an empty bag). Its ids join the batch's one de-duplication, so a bag costs O(its ids),
@@ -43,16 +45,16 @@ class Embedded:
     replaced -- each straight from the batch's distinct rows, so that its gradient reaches them
     in one pass, not through slices of the block."""
 
-    def __init__(self, block, first_order: bool, numeric=None, numeric_at: int = 0,
+    def __init__(self, block, first_order: bool, numeric=None, numeric_at: int | None = 0,
                  lookup=None):
         self.block, self.first_order = block, first_order
-        self.numeric, self.numeric_at = numeric, numeric_at
+        self.numeric, self.numeric_at = numeric, numeric_at   # numeric_at None: no slots
         self._lookup = lookup
 
     def categorical(self):
         """[B, F - n, width]: the block without the numeric fields' slots (for a model that
         reads the numeric values themselves)."""
-        if self.numeric is None:
+        if self.numeric is None or self.numeric_at is None:
             return self.block
         a, b = self.numeric_at, self.numeric_at + self.numeric.shape[1]
         return tf.concat([self.block[:, :a], self.block[:, b:]], 1)
@@ -66,8 +68,19 @@ class Embedded:
         return tf.split(self.block, [1, self.block.shape[2] - 1], axis=2)[1]
 
     def flat(self):
-        """[B, F * width]: the block as one row per example (an MLP's input)."""
+        """[B, F * width]: the block as one row per example."""
         return tf.reshape(self.block, [-1, self.block.shape[1] * self.block.shape[2]])
+
+    def with_values(self, x):
+        """x [B, d] followed by the numeric values where they enter as values (no slots)."""
+        if self.numeric is None or self.numeric_at is not None:
+            return x
+        return tf.concat([x, self.numeric], 1)
+
+    def deep_input(self):
+        """[B, slots * width (+ n)]: an MLP's input, the block flat and the numeric values
+        where they enter as values."""
+        return self.with_values(self.flat())
 
     def field_row(self, i: int):
         """[B, width]: the i-th single field's row times its value (the block's slot i)."""
@@ -137,7 +150,7 @@ class EmbeddingTable(tf.Module):
         self.width = int(first_order) + k
         std = EMBEDDING_INIT if cfg.embedding_init is None else cfg.embedding_init
         init_v = tf.random_normal_initializer(0.0, std, seed=cfg.seed)
-        rows = cfg.feature_size + cfg.numeric_fields
+        rows = cfg.feature_size + cfg.numeric_fields - cfg.numeric_values
         if first_order:
             init = lambda: tf.concat([tf.zeros([rows, 1]), init_v([rows, k])], 1)  # noqa: E731
         else:
@@ -161,8 +174,8 @@ class EmbeddingTable(tf.Module):
         the rows as stored."""
         cfg, width = self.cfg, self.width
         ids, values = features["ids"], features["values"]
-        numeric_at = ids.shape[1]
-        if cfg.numeric_fields:
+        numeric_at = ids.shape[1] if not cfg.numeric_values else None
+        if cfg.numeric_fields and not cfg.numeric_values:
             numeric = features["numeric"]
             rows_of_numeric = tf.range(cfg.feature_size, cfg.feature_size + cfg.numeric_fields,
                                        dtype=ids.dtype)
