@@ -153,3 +153,27 @@ def test_numeric_transforms_use_the_training_splits_statistics_everywhere(tmp_pa
                 "--numeric", "price", "--numeric-transform", "zscore", check=False)
     assert r.returncode == 2 and "numeric transform 'zscore' is not one of" in r.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_declared_without_multi_valued_columns_makes_numeric_fields(shared, tmp_path):
+    """--declared on Criteo (13 numeric, 26 categorical columns, no bag): declared fields in
+    TFRecord, each numeric column a numeric field holding what the fixed schema's libsvm holds
+    as its id's value, each categorical the same id; kept in the vocabulary for later splits."""
+    from conftest import ctrtrain_here
+    from ctrtrain.data.tfrecord import read_field_blocks
+    src = shared / "criteo_head1000" / "train.txt"
+    ctrtrain_here("data", "featurize", src, "--out", tmp_path / "fixed", "--min-count", "2",
+                  "--numeric-transform", "log-standard")
+    ctrtrain_here("data", "featurize", src, "--out", tmp_path / "declared", "--min-count", "2",
+                  "--numeric-transform", "log-standard", "--declared")
+    ctrtrain_here("data", "featurize", src, "--out", tmp_path / "again", "--vocab",
+                  tmp_path / "declared" / "vocab.json")
+    fixed = np.array([[float(t.split(":")[1]) for t in line.split()[1:14]] for line in
+                      (tmp_path / "fixed" / "train.libsvm").read_text().splitlines()])
+    for d in ("declared", "again"):
+        m = read_manifest(tmp_path / d)
+        assert m.format == "tfrecord" and [f.kind for f in m.schema.fields] == \
+            ["numeric"] * 13 + ["categorical"] * 26
+        b = next(read_field_blocks(str(tmp_path / d / m.files[0].path), m.schema))
+        got = np.stack([b[f"I{j}"].numpy()[:, 0] for j in range(1, 14)], 1)
+        np.testing.assert_allclose(got, fixed, atol=1e-5)

@@ -116,6 +116,10 @@ def _data_commands(sub):
                         "then standardized; minmax, into [0, 1]; none. The statistics are the "
                         "training split's, kept in the vocabulary for later splits; a missing "
                         "value is 0 after the transform")
+    p.add_argument("--declared", action="store_true",
+                   help="write declared fields (TFRecord) even without --multi-hot or --sequence "
+                        "columns: numeric columns become numeric fields, which the deep models "
+                        "can read as values (train --numeric-input value)")
     p.add_argument("--multi-hot", type=_columns, action="extend", default=[], metavar="COLS",
                    help="CSV: these columns hold several values each (Comedy|Drama): the output "
                         "then declares its fields (multi_hot, mean-pooled) and is TFRecord")
@@ -233,17 +237,17 @@ def cmd_featurize(a):
     from .data.validate import describe
     if a.vocab and (a.numeric or a.multi_hot or a.sequence or a.drop or a.max_len
                     or a.share_vocab or a.label_threshold is not None
-                    or a.numeric_transform is not None):
-        raise ConfigError("--numeric, --numeric-transform, --multi-hot, --sequence, "
-                          "--share-vocab, --max-len, --drop and --label-threshold are the "
-                          "vocabulary's: give them when building it, not with --vocab")
+                    or a.numeric_transform is not None or a.declared):
+        raise ConfigError("--numeric, --numeric-transform, --declared, --multi-hot, "
+                          "--sequence, --share-vocab, --max-len, --drop and --label-threshold "
+                          "are the vocabulary's: give them when building it, not with --vocab")
     m = featurize(a.inputs, a.out, fmt=a.format, vocab_path=a.vocab, min_count=a.min_count,
                   hash_buckets=a.hash_buckets, has_label=not a.no_label,
                   label_column=a.label_column, overwrite=a.overwrite,
                   roles=ColumnRoles(tuple(a.numeric), tuple(a.multi_hot), tuple(a.drop),
                                     a.separator, tuple(a.sequence), tuple(a.share_vocab)),
                   label_threshold=a.label_threshold, max_len=a.max_len,
-                  numeric_transform=a.numeric_transform or "log")
+                  numeric_transform=a.numeric_transform or "log", declare=a.declared)
     print(describe(a.out))
     _print_longer(m)
 

@@ -115,6 +115,7 @@ class Vocabulary:
     numeric_transform: str = "log"         # NUMERIC_TRANSFORMS
     numeric_stats: dict = dataclasses.field(default_factory=dict)   # {column: mean, std, min,
                                                                      # max} of the training split
+    declare: bool = False     # declared fields without multi-valued columns (--declared)
 
     def __post_init__(self):
         self._index = {c: {v: i + 1 for i, v in enumerate(vals)} for c, vals in self.values.items()}
@@ -125,8 +126,10 @@ class Vocabulary:
 
     @property
     def declared(self) -> bool:
-        """Whether the output declares its fields (there are multi-valued columns)."""
-        return bool(self.schema.lists)
+        """Whether the output declares its fields (there are multi-valued columns, or it was
+        asked for: numeric columns then become numeric fields, whose values a model can read
+        as values, --numeric-input value)."""
+        return bool(self.schema.lists) or self.declare
 
     def fields(self):
         """The declared fields (data/schema.py) of this vocabulary's output."""
@@ -221,7 +224,7 @@ class Vocabulary:
                 "feature_size": self.feature_size, "field_size": self.field_size,
                 "numeric_transform": self.numeric_transform, "numeric_stats": self.numeric_stats,
                 "values": self.values, "max_len": self.max_len,
-                "label_threshold": self.label_threshold}
+                "label_threshold": self.label_threshold, "declared": self.declare}
 
     def save(self, path: str) -> None:
         tmp = path + ".tmp"
@@ -283,6 +286,8 @@ class Vocabulary:
                     for c in (sc["numeric"] if d.get("numeric_transform", "log")
                               in ("standard", "log-standard", "minmax") else [])):
                 problem = "numeric_stats must give every numeric column mean, std, min, max"
+            elif not isinstance(d.get("declared", False), bool):
+                problem = "declared must be true or false"
             elif not isinstance(d.get("min_count"), int):
                 problem = "min_count must be an integer"
             elif not isinstance(d.get("values"), dict) or (d["mode"] == "vocab" and any(
@@ -296,7 +301,7 @@ class Vocabulary:
         return cls(RawSchema(**d["schema"]), d["mode"], d["min_count"], d["hash_buckets"],
                    d["values"], d.get("max_len", {}), d.get("label_threshold"),
                    transform if transform in NUMERIC_TRANSFORMS else "log",
-                   d.get("numeric_stats", {}))
+                   d.get("numeric_stats", {}), d.get("declared", False))
 
 
 def split_bag(cell: str, separator: str) -> list[str]:
@@ -308,11 +313,13 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
                      min_count: int = 10, hash_buckets: int = 0, has_label: bool = True,
                      label_column: str | None = None, roles: ColumnRoles = ColumnRoles(),
                      label_threshold: float | None = None,
-                     max_len: int | None = None, numeric_transform: str = "log") -> Vocabulary:
+                     max_len: int | None = None, numeric_transform: str = "log",
+                     declare: bool = False) -> Vocabulary:
     """Counts categorical values (and each value of a multi-valued cell) over the training
     files (one pass) and keeps the frequent ones, most frequent first (ties by value, so the
     result does not depend on chunking); a multi-valued column's max_len is its longest bag,
-    at most `max_len`; the numeric columns' statistics for `numeric_transform`."""
+    at most `max_len`; the numeric columns' statistics for `numeric_transform`. `declare`:
+    declared fields even without multi-valued columns."""
     def read(p, **kw):
         return read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
                         label_column=label_column, roles=roles,
@@ -329,7 +336,8 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
         for p in paths:
             schema, _ = next(read(p, chunk_rows=1))
         return Vocabulary(schema, "hash", min_count, hash_buckets,
-                          label_threshold=label_threshold, numeric_transform=numeric_transform)
+                          label_threshold=label_threshold, numeric_transform=numeric_transform,
+                          declare=declare)
     counts: dict[str, Counter] = {}
     longest: dict[str, int] = {}
     sums = None
@@ -355,13 +363,13 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
     if hash_buckets:
         return Vocabulary(schema, "hash", min_count, hash_buckets, max_len=lens,
                           label_threshold=label_threshold, numeric_transform=numeric_transform,
-                          numeric_stats=stats)
+                          numeric_stats=stats, declare=declare)
     values = {}
     for col in [c for c in schema.categorical + schema.lists if c not in schema.shared]:
         kept = [(v, c) for v, c in counts.get(col, Counter()).items() if c >= min_count]
         values[col] = [v for v, _ in sorted(kept, key=lambda vc: (-vc[1], vc[0]))]
     return Vocabulary(schema, "vocab", min_count, 0, values, lens, label_threshold,
-                      numeric_transform, stats)
+                      numeric_transform, stats, declare)
 
 
 def featurize_file(path: str, vocab: Vocabulary, fmt: str | None = None, has_label: bool = True,
@@ -400,7 +408,8 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
               min_count: int = 10, hash_buckets: int = 0, has_label: bool = True,
               label_column: str | None = None, overwrite: bool = False,
               roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None,
-              max_len: int | None = None, numeric_transform: str = "log"):
+              max_len: int | None = None, numeric_transform: str = "log",
+              declare: bool = False):
     """Raw files -> a libsvm data directory (one file per input; TFRecord with declared fields
     when there are multi-valued columns) with the vocabulary beside it. Without `vocab_path`
     the vocabulary is built from these inputs (the training split)."""
@@ -414,7 +423,7 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
         build_vocabulary(files, fmt, min_count=min_count, hash_buckets=hash_buckets,
                          has_label=has_label, label_column=label_column, roles=roles,
                          label_threshold=label_threshold, max_len=max_len,
-                         numeric_transform=numeric_transform)
+                         numeric_transform=numeric_transform, declare=declare)
     out = prepare_output_dir(out_dir, overwrite, [*inputs, *([vocab_path] if vocab_path else [])])
     entries, positives, longer = [], 0, {}
     fields = vocab.fields() if vocab.declared else None
