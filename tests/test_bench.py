@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ctrtrain_here, run_cli
+from conftest import cli, ctrtrain_here, run_cli
 from ctrtrain.bench.cost import cost, hourly, load_prices
 from ctrtrain.bench.matrix import DEFAULTS, expand_cells, load_matrix, mode_cells
 from ctrtrain.bench.report import write_report
@@ -149,6 +149,34 @@ def test_a_quality_variant_may_carry_several_settings():
                                          "output_bias": "zero"}
     with pytest.raises(ConfigError, match="not_a_setting"):
         variant_settings(split_variants("auto:cache=true,not_a_setting=1")[0])
+
+
+def test_the_suite_summary_holds_each_protocol_against_deepctrs_bar(tmp_path):
+    """bench quality over several sets with DeepCTR and seeds: per variant and protocol (the
+    best validation epoch; the last epoch), the mean difference to DeepCTR over the sets and
+    the sets below DeepCTR's mean minus its standard error. --suite names only known sets,
+    and --numeric-transform only with it."""
+    from ctrtrain.bench.quality import format_suite, suite_summary
+
+    def runs(*aucs):
+        return {"test_auc": sum(aucs) / len(aucs), "se": 0.001, "runs": list(aucs)}
+    report = {"sets": {
+        "a": {"over_seeds": {"ctrtrain auto": runs(0.75), "deepctr": runs(0.74)},
+              "over_seeds_last": {"ctrtrain auto": runs(0.73), "deepctr": runs(0.74)}},
+        "b": {"over_seeds": {"ctrtrain auto": runs(0.70), "deepctr": runs(0.7005)},
+              "over_seeds_last": {"ctrtrain auto": runs(0.70), "deepctr": runs(0.70)}},
+        "c": {"over_seeds": {"ctrtrain auto": runs(0.6)}}}}      # no peer: not counted
+    suite = suite_summary(report)
+    best, last = suite["best valid epoch"]["ctrtrain auto"], suite["last epoch"]["ctrtrain auto"]
+    assert best == {"mean_minus_deepctr": pytest.approx(0.00475), "below_bar": [], "sets": 2}
+    assert last == {"mean_minus_deepctr": pytest.approx(-0.005), "below_bar": ["a"], "sets": 2}
+    assert "| last epoch | ctrtrain auto | -0.0050 (2 sets) | a |" in format_suite(suite)
+    code, _, err = cli("bench", "quality", "--suite", "bank,nope", "--work-dir", tmp_path)
+    assert code == 2 and "--suite: no set nope" in err
+    code, _, err = cli("bench", "quality", "--numeric-transform", "standard", "--work-dir",
+                       tmp_path)
+    assert code == 2 and "--numeric-transform applies to the --suite sets" in err
+    assert not (tmp_path / "sets").exists()
 
 
 @pytest.mark.slow

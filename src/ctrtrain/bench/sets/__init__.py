@@ -285,6 +285,20 @@ def prepare(name: str, out_dir, download_dir=None, numeric_transform: str | None
             "fields": field_kinds(manifests["train"], out / "train")}
 
 
+def prepared(name: str, root, numeric_transform: str | None = None) -> Path:
+    """Set `name` prepared under root/<name> (root/<name>-<transform> with a transform),
+    downloads in root/download; reused as it is when its three splits are already there."""
+    out = Path(root) / (f"{name}-{numeric_transform}" if numeric_transform else name)
+    if all((out / split / "manifest.json").exists() for split in SPLITS):
+        return out
+    print(f"[suite] preparing {name} in {out} ...", flush=True)
+    summary = prepare(name, out, download_dir=Path(root) / "download",
+                      numeric_transform=numeric_transform)
+    print(f"[suite] {name}: {summary['rows']} rows, positive rate {summary['positive_rate']}, "
+          f"fields {summary['fields']}", flush=True)
+    return out
+
+
 # The sets, each a module of this package. They import the classes above, so they come last.
 from . import adult, bank, bank_small, bio_kdd04, criteo_ffm, ml100k, ml1m  # noqa: E402
 
