@@ -111,11 +111,11 @@ def _data_commands(sub):
     p.add_argument("--numeric", type=_columns, action="extend", default=[], metavar="COLS",
                    help="CSV: these columns (comma-separated) are numbers (besides I1, I2, ...)")
     p.add_argument("--numeric-transform", default=None, metavar="TRANSFORM",
-                   help="how numeric values are written: log, sign(x)*log1p(|x|) (the "
-                        "default); standard, (x - mean) / deviation; log-standard, the log "
-                        "then standardized; minmax, into [0, 1]; none. The statistics are the "
-                        "training split's, kept in the vocabulary for later splits; a missing "
-                        "value is 0 after the transform")
+                   help="how numeric values are written: log-standard (the default), "
+                        "sign(x)*log1p(|x|) then standardized; log, sign(x)*log1p(|x|) alone; "
+                        "standard, (x - mean) / deviation; minmax, into [0, 1]; none. The "
+                        "statistics are the training split's, kept in the vocabulary for later "
+                        "splits; a missing value is 0 after the transform")
     p.add_argument("--declared", action="store_true",
                    help="write declared fields (TFRecord) even without --multi-hot or --sequence "
                         "columns: numeric columns become numeric fields, which the deep models "
@@ -247,7 +247,7 @@ def cmd_featurize(a):
                   roles=ColumnRoles(tuple(a.numeric), tuple(a.multi_hot), tuple(a.drop),
                                     a.separator, tuple(a.sequence), tuple(a.share_vocab)),
                   label_threshold=a.label_threshold, max_len=a.max_len,
-                  numeric_transform=a.numeric_transform or "log", declare=a.declared)
+                  numeric_transform=a.numeric_transform, declare=a.declared)
     print(describe(a.out))
     _print_longer(m)
 

@@ -213,7 +213,7 @@ def _featurize(options: FeaturizeOptions, out: Path):
                                     label_threshold=options.label_threshold,
                                     max_len=options.max_len, min_count=options.min_count,
                                     hash_buckets=options.hash_buckets,
-                                    numeric_transform=options.numeric_transform or "log",
+                                    numeric_transform=options.numeric_transform,
                                     declare=options.declared)}
     for split in SPLITS[1:]:
         manifests[split] = featurize([str(out / f"{split}.csv")], out / split, overwrite=True,
