@@ -155,6 +155,60 @@ def test_numeric_transforms_use_the_training_splits_statistics_everywhere(tmp_pa
     assert not (tmp_path / "bad").exists()
 
 
+def test_buckets_at_the_training_splits_quantiles_everywhere(tmp_path):
+    """--buckets 4: each numeric column a declared numeric field bucketized at the training
+    split's quartiles (of the present values, written as the values are: log-standard here),
+    the boundaries that a column's mass of zeros repeats merged; a later split and raw rows at
+    predict time bucketized alike (the boundaries are in the vocabulary and the model's input)."""
+    import json
+    from conftest import ctrtrain_here
+    from ctrtrain.data.featurize import scale_numeric
+    from ctrtrain.data.tfrecord import read_field_blocks
+    rng = np.random.default_rng(1)
+    price = rng.lognormal(3, 1, 1200)
+    price[::9] = np.nan
+    clicks = np.where(rng.random(1200) < 0.6, 0, rng.integers(1, 50, 1200))
+    rows = ["label,price,clicks,city"] + [
+        f"{int(rng.random() < 0.2 + 0.4 * (p > 30))},{'' if np.isnan(p) else round(p, 2)},"
+        f"{c},c{i % 7}" for i, (p, c) in enumerate(zip(price, clicks))]
+    (tmp_path / "train.csv").write_text("\n".join(rows[:1001]) + "\n")
+    (tmp_path / "test.csv").write_text("\n".join([rows[0]] + rows[1001:]) + "\n")
+    ctrtrain_here("data", "featurize", tmp_path / "train.csv", "--out", tmp_path / "train",
+                  "--numeric", "price,clicks", "--min-count", "1", "--buckets", "4")
+    ctrtrain_here("data", "featurize", tmp_path / "test.csv", "--out", tmp_path / "test",
+                  "--vocab", tmp_path / "train" / "vocab.json")
+    vocab = json.loads((tmp_path / "train" / "vocab.json").read_text())
+    m = read_manifest(tmp_path / "train")
+    price_f, clicks_f = m.schema.fields[:2]
+    assert m.format == "tfrecord" and (price_f.kind, clicks_f.kind) == ("numeric", "numeric")
+    raw = price[:1000][~np.isnan(price[:1000])].round(2)
+    want = scale_numeric(np.quantile(raw, [0.25, 0.5, 0.75])[:, None], "log-standard",
+                         vocab["numeric_stats"], ["price"])[:, 0]
+    assert list(price_f.boundaries) == pytest.approx(want, abs=1e-9)
+    assert vocab["buckets"]["price"] == list(price_f.boundaries)
+    # 60% zeros: the first two quartiles are both 0, one boundary
+    assert len(clicks_f.boundaries) == 2
+    # ids of their own after each other, inside feature_size, before the categorical's
+    assert (price_f.bucket_base, clicks_f.bucket_base) == (0, 4)
+    assert m.feature_size == 4 + 3 + 8 and m.field_size == 5
+    x = np.concatenate([b["price"].numpy()[:, 0] for b in read_field_blocks(
+        str(tmp_path / "train" / m.files[0].path), m.schema)])
+    present = x[~np.isnan(price[:1000])]
+    counts = np.bincount(np.searchsorted(np.float32(price_f.boundaries), present, "right"))
+    assert counts.min() >= 0.23 * len(present), counts
+    assert read_manifest(tmp_path / "test").schema == m.schema
+    # Trained, the model's input bucketizes raw rows at predict time as featurize did.
+    ctrtrain_here("train", "--train", tmp_path / "train", "--test", tmp_path / "test",
+                  "--model-dir", tmp_path / "m", "--steps", 5, "--batch-size", 64, "--quiet")
+    for src, out in ((tmp_path / "test", "a.csv"), (tmp_path / "test.csv", "b.csv")):
+        ctrtrain_here("predict", "--model", tmp_path / "m" / "export", "--input", src,
+                      "--out", tmp_path / out)
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
+    r = run_cli("data", "featurize", tmp_path / "test.csv", "--out", tmp_path / "bad",
+                "--vocab", tmp_path / "train" / "vocab.json", "--buckets", "8", check=False)
+    assert r.returncode == 2 and "--buckets" in r.stderr and not (tmp_path / "bad").exists()
+
+
 def test_declared_without_multi_valued_columns_makes_numeric_fields(shared, tmp_path):
     """--declared on Criteo (13 numeric, 26 categorical columns, no bag): declared fields in
     TFRecord, each numeric column a numeric field holding what the fixed schema's libsvm holds

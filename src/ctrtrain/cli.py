@@ -116,6 +116,11 @@ def _data_commands(sub):
                         "standard, (x - mean) / deviation; minmax, into [0, 1]; none. The "
                         "statistics are the training split's, kept in the vocabulary for later "
                         "splits; a missing value is 0 after the transform")
+    p.add_argument("--buckets", type=NON_NEGATIVE, default=0, metavar="N",
+                   help="numeric columns also as ids: N quantile buckets of the training split "
+                        "(declared numeric fields with boundaries, bucketized in the input "
+                        "pipeline and the exported model; the model reads the value and the "
+                        "bucket's embedding). Default 0: values only")
     p.add_argument("--declared", action="store_true",
                    help="write declared fields (TFRecord) even without --multi-hot or --sequence "
                         "columns: numeric columns become numeric fields, which the deep models "
@@ -237,8 +242,8 @@ def cmd_featurize(a):
     from .data.validate import describe
     if a.vocab and (a.numeric or a.multi_hot or a.sequence or a.drop or a.max_len
                     or a.share_vocab or a.label_threshold is not None
-                    or a.numeric_transform is not None or a.declared):
-        raise ConfigError("--numeric, --numeric-transform, --declared, --multi-hot, "
+                    or a.numeric_transform is not None or a.declared or a.buckets):
+        raise ConfigError("--numeric, --numeric-transform, --buckets, --declared, --multi-hot, "
                           "--sequence, --share-vocab, --max-len, --drop and --label-threshold "
                           "are the vocabulary's: give them when building it, not with --vocab")
     m = featurize(a.inputs, a.out, fmt=a.format, vocab_path=a.vocab, min_count=a.min_count,
@@ -247,7 +252,7 @@ def cmd_featurize(a):
                   roles=ColumnRoles(tuple(a.numeric), tuple(a.multi_hot), tuple(a.drop),
                                     a.separator, tuple(a.sequence), tuple(a.share_vocab)),
                   label_threshold=a.label_threshold, max_len=a.max_len,
-                  numeric_transform=a.numeric_transform, declare=a.declared)
+                  numeric_transform=a.numeric_transform, declare=a.declared, buckets=a.buckets)
     print(describe(a.out))
     _print_longer(m)
 

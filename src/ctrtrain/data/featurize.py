@@ -8,6 +8,11 @@ min); none. The default was log until four real tables showed its flaw (docs/qua
 scale meet the model unequally; standardized after the log, test AUC rose by 0.005 to 0.03. The statistics are the training split's (present values only), kept in the vocabulary
 and applied to every later split and to prediction, as the categorical values are. A missing
 value is 0 after the transform: for the standardized forms, the training split's mean.
+With `buckets` (--buckets N) the output declares its fields and every numeric field is also
+bucketized into an id (data/schema.py: TensorFlow's Bucketize of the written value, in the
+input pipeline and the exported model alike) at N quantiles of the training split's present
+values, transformed as the values are (boundaries that repeat, as a column mostly 0 gives,
+merged): the model reads the value and the bucket's embedding.
 Categorical field j: either a vocabulary built on the training split (values seen at least
 `min_count` times; index 0 of each field is its out-of-vocabulary id) or hashing into a fixed
 number of buckets per field. Empty (missing) is a value like any other. The vocabulary is saved
@@ -45,6 +50,9 @@ from .raw import ColumnRoles, RawChunk, RawSchema, read_raw, sniff_format
 VOCAB_NAME = "vocab.json"
 NUMERIC_TRANSFORMS = ("log", "standard", "log-standard", "minmax", "none")
 DEFAULT_NUMERIC_TRANSFORM = "log-standard"
+
+
+BUCKET_SAMPLE = 1_000_000     # rows whose values place the quantile boundaries (all, if fewer)
 
 
 def signed_log(x):
@@ -106,6 +114,34 @@ def scale_numeric(x, transform: str, stats: dict, columns: list[str]):
     return np.round(np.where(missing, 0.0, x), 5)
 
 
+class QuantileSample:
+    """A uniform sample of at most `cap` rows of the numeric columns, over chunks: each row
+    draws a key (a fixed seed: the same files give the same sample) and the smallest keys stay,
+    so the boundaries of a large training split cost memory of `cap` rows, not its size."""
+
+    def __init__(self, cap: int = BUCKET_SAMPLE):
+        self.cap, self.rng = cap, np.random.default_rng(0)
+        self.keys, self.rows = np.zeros(0), None
+
+    def add(self, x) -> None:
+        keys = np.concatenate([self.keys, self.rng.random(len(x))])
+        rows = x if self.rows is None else np.concatenate([self.rows, x])
+        if len(keys) > self.cap:
+            keep = np.argpartition(keys, self.cap)[:self.cap]
+            keys, rows = keys[keep], rows[keep]
+        self.keys, self.rows = keys, rows
+
+    def boundaries(self, buckets: int, columns: list[str]) -> dict[str, list[float]]:
+        """{column: the sorted distinct inner quantiles of its present values}."""
+        out = {}
+        for j, c in enumerate(columns):
+            x = self.rows[:, j] if self.rows is not None else np.zeros(0)
+            x = x[~np.isnan(x)]
+            qs = np.quantile(x, np.arange(1, buckets) / buckets) if len(x) else []
+            out[c] = [float(q) for q in np.unique(qs)]
+        return out
+
+
 @dataclasses.dataclass
 class Vocabulary:
     schema: RawSchema
@@ -120,6 +156,8 @@ class Vocabulary:
     numeric_stats: dict = dataclasses.field(default_factory=dict)   # {column: mean, std, min,
                                                                      # max} of the training split
     declare: bool = False     # declared fields without multi-valued columns (--declared)
+    buckets: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # {numeric
+                              # column: its boundaries, as written}: also bucketized (--buckets)
 
     def __post_init__(self):
         self._index = {c: {v: i + 1 for i, v in enumerate(vals)} for c, vals in self.values.items()}
@@ -133,7 +171,7 @@ class Vocabulary:
         """Whether the output declares its fields (there are multi-valued columns, or it was
         asked for: numeric columns then become numeric fields, whose values a model can read
         as values, --numeric-input value)."""
-        return bool(self.schema.lists) or self.declare
+        return bool(self.schema.lists) or self.declare or bool(self.buckets)
 
     def fields(self):
         """The declared fields (data/schema.py) of this vocabulary's output."""
@@ -142,7 +180,10 @@ class Vocabulary:
         hashing = {c: {"hash_buckets": self.hash_buckets, "hash_base": base}
                    for c, base in zip(s.categorical + s.lists, self.bases())
                    } if self.mode == "hash" else {}
-        return Schema(tuple([Field(c, "numeric") for c in s.numeric]
+        edges = dict(zip(s.numeric, self.numeric_bases()))
+        return Schema(tuple([Field(c, "numeric", boundaries=tuple(self.buckets[c]),
+                                   bucket_base=edges[c]) if self.buckets.get(c)
+                             else Field(c, "numeric") for c in s.numeric]
                             + [Field(c, **hashing.get(c, {})) for c in s.categorical]
                             + [Field(c, "multi_hot", self.max_len[c], "mean", **hashing.get(c, {}))
                                for c in s.multi_hot]
@@ -152,6 +193,16 @@ class Vocabulary:
     def field_width(self, col: str) -> int:
         return self.hash_buckets if self.mode == "hash" else len(self.values[col]) + 1
 
+    def numeric_bases(self) -> list[int]:
+        """The first id of each numeric column, then the next free one: one id each in the
+        fixed schema (its value beside it); a declared numeric field none, or its buckets'
+        (boundaries + 1) when it is bucketized."""
+        out, base = [], 0
+        for c in self.schema.numeric:
+            out.append(base)
+            base += len(self.buckets[c]) + 1 if self.buckets.get(c) else int(not self.declared)
+        return out + [base]
+
     def _owned(self) -> list[str]:
         """The columns with ids of their own (a shared column has its categorical's)."""
         return [c for c in self.schema.categorical + self.schema.lists
@@ -159,9 +210,8 @@ class Vocabulary:
 
     def bases(self) -> list[int]:
         """The first id of each categorical then multi-valued column (a shared column's is
-        its categorical column's). Numeric columns hold ids 0.. in the fixed schema; declared
-        numeric fields need none."""
-        base, first = 0 if self.declared else len(self.schema.numeric), {}
+        its categorical column's), after the numeric columns' (numeric_bases)."""
+        base, first = self.numeric_bases()[-1], {}
         for c in self._owned():
             first[c] = base
             base += self.field_width(c)
@@ -170,8 +220,7 @@ class Vocabulary:
 
     @property
     def feature_size(self) -> int:
-        return (0 if self.declared else len(self.schema.numeric)) + sum(
-            self.field_width(c) for c in self._owned())
+        return self.numeric_bases()[-1] + sum(self.field_width(c) for c in self._owned())
 
     def _local_ids(self, col: str, uniques) -> np.ndarray:
         if self.mode == "hash":
@@ -209,13 +258,12 @@ class Vocabulary:
 
     def transform(self, chunk: RawChunk) -> Rows:
         n = chunk.numeric.shape[0]
-        num_vals = scale_numeric(chunk.numeric, self.numeric_transform, self.numeric_stats,
-                                 self.schema.numeric)
         ids = np.empty((n, self.field_size), np.int64)
         values = np.ones((n, self.field_size), np.float32)
         k = len(self.schema.numeric)
         ids[:, :k] = np.arange(k)
-        values[:, :k] = num_vals
+        values[:, :k] = scale_numeric(chunk.numeric, self.numeric_transform, self.numeric_stats,
+                                      self.schema.numeric)
         for j, (col, base) in enumerate(zip(self.schema.categorical, self.bases())):
             codes, uniques = pd.factorize(chunk.categorical[:, j])
             ids[:, k + j] = base + self._local_ids(col, uniques)[codes]
@@ -228,7 +276,8 @@ class Vocabulary:
                 "feature_size": self.feature_size, "field_size": self.field_size,
                 "numeric_transform": self.numeric_transform, "numeric_stats": self.numeric_stats,
                 "values": self.values, "max_len": self.max_len,
-                "label_threshold": self.label_threshold, "declared": self.declare}
+                "label_threshold": self.label_threshold, "declared": self.declare,
+                "buckets": self.buckets}
 
     def save(self, path: str) -> None:
         tmp = path + ".tmp"
@@ -290,6 +339,11 @@ class Vocabulary:
                     for c in (sc["numeric"] if d.get("numeric_transform", "log")
                               in ("standard", "log-standard", "minmax") else [])):
                 problem = "numeric_stats must give every numeric column mean, std, min, max"
+            elif not isinstance(d.get("buckets", {}), dict) or any(
+                    c not in sc["numeric"] or not isinstance(b, list)
+                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in b)
+                    or b != sorted(set(b)) for c, b in d.get("buckets", {}).items()):
+                problem = "buckets must map numeric columns to increasing boundaries"
             elif not isinstance(d.get("declared", False), bool):
                 problem = "declared must be true or false"
             elif not isinstance(d.get("min_count"), int):
@@ -305,7 +359,7 @@ class Vocabulary:
         return cls(RawSchema(**d["schema"]), d["mode"], d["min_count"], d["hash_buckets"],
                    d["values"], d.get("max_len", {}), d.get("label_threshold"),
                    transform if transform in NUMERIC_TRANSFORMS else "log",
-                   d.get("numeric_stats", {}), d.get("declared", False))
+                   d.get("numeric_stats", {}), d.get("declared", False), d.get("buckets", {}))
 
 
 def split_bag(cell: str, separator: str) -> list[str]:
@@ -319,12 +373,13 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
                      label_threshold: float | None = None,
                      max_len: int | None = None,
                      numeric_transform: str = DEFAULT_NUMERIC_TRANSFORM,
-                     declare: bool = False) -> Vocabulary:
+                     declare: bool = False, buckets: int = 0) -> Vocabulary:
     """Counts categorical values (and each value of a multi-valued cell) over the training
     files (one pass) and keeps the frequent ones, most frequent first (ties by value, so the
     result does not depend on chunking); a multi-valued column's max_len is its longest bag,
-    at most `max_len`; the numeric columns' statistics for `numeric_transform`. `declare`:
-    declared fields even without multi-valued columns."""
+    at most `max_len`; the numeric columns' statistics for `numeric_transform`, or with
+    with `buckets` their quantile boundaries too. `declare`: declared fields even without
+    multi-valued columns."""
     def read(p, **kw):
         return read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
                         label_column=label_column, roles=roles,
@@ -336,8 +391,10 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
     if numeric_transform not in NUMERIC_TRANSFORMS:
         raise DataError(f"numeric transform {numeric_transform!r} is not one of "
                         f"{', '.join(NUMERIC_TRANSFORMS)}", field="numeric_transform")
+    if buckets == 1 or buckets < 0:
+        raise DataError(f"--buckets {buckets}: give at least 2 (or 0: values)", field="buckets")
     scaled = numeric_transform in ("standard", "log-standard", "minmax")
-    if hash_buckets and not (roles.multi_hot or roles.sequence) and not scaled:
+    if hash_buckets and not (roles.multi_hot or roles.sequence) and not scaled and not buckets:
         for p in paths:
             schema, _ = next(read(p, chunk_rows=1))
         return Vocabulary(schema, "hash", min_count, hash_buckets,
@@ -345,9 +402,11 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
                           declare=declare)
     counts: dict[str, Counter] = {}
     longest: dict[str, int] = {}
-    sums = None
+    sums, sample = None, QuantileSample() if buckets else None
     for p in paths:
         for schema, chunk in read(p):
+            if sample is not None:
+                sample.add(chunk.numeric)
             if scaled:
                 sums = merge_statistics(sums, numeric_statistics(chunk.numeric, numeric_transform))
             for j, col in enumerate(schema.categorical if not hash_buckets else []):
@@ -365,16 +424,22 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
         raise DataError("no rows to build a vocabulary from", path=", ".join(paths))
     lens = {c: min(longest.get(c, 1), max_len or longest.get(c, 1)) for c in schema.lists}
     stats = column_statistics(sums, schema.numeric) if scaled else {}
+    edges = {}
+    if sample is not None:      # the quantiles of the raw values, written as the values are
+        for c, raw in sample.boundaries(buckets, schema.numeric).items():
+            written = scale_numeric(np.array(raw, np.float64)[:, None], numeric_transform,
+                                    stats, [c])[:, 0] if raw else []
+            edges[c] = [float(x) for x in np.unique(written)]
     if hash_buckets:
         return Vocabulary(schema, "hash", min_count, hash_buckets, max_len=lens,
                           label_threshold=label_threshold, numeric_transform=numeric_transform,
-                          numeric_stats=stats, declare=declare)
+                          numeric_stats=stats, declare=declare, buckets=edges)
     values = {}
     for col in [c for c in schema.categorical + schema.lists if c not in schema.shared]:
         kept = [(v, c) for v, c in counts.get(col, Counter()).items() if c >= min_count]
         values[col] = [v for v, _ in sorted(kept, key=lambda vc: (-vc[1], vc[0]))]
     return Vocabulary(schema, "vocab", min_count, 0, values, lens, label_threshold,
-                      numeric_transform, stats, declare)
+                      numeric_transform, stats, declare, edges)
 
 
 def featurize_file(path: str, vocab: Vocabulary, fmt: str | None = None, has_label: bool = True,
@@ -415,7 +480,7 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
               roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None,
               max_len: int | None = None,
               numeric_transform: str | None = DEFAULT_NUMERIC_TRANSFORM,
-              declare: bool = False):
+              declare: bool = False, buckets: int = 0):
     """Raw files -> a libsvm data directory (one file per input; TFRecord with declared fields
     when there are multi-valued columns) with the vocabulary beside it. Without `vocab_path`
     the vocabulary is built from these inputs (the training split)."""
@@ -430,7 +495,7 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
                          has_label=has_label, label_column=label_column, roles=roles,
                          label_threshold=label_threshold, max_len=max_len,
                          numeric_transform=numeric_transform or DEFAULT_NUMERIC_TRANSFORM,
-                         declare=declare)
+                         declare=declare, buckets=buckets)
     out = prepare_output_dir(out_dir, overwrite, [*inputs, *([vocab_path] if vocab_path else [])])
     entries, positives, longer = [], 0, {}
     fields = vocab.fields() if vocab.declared else None
@@ -466,7 +531,8 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
     if fields:
         # Rows whose bag is longer than the field's max_len: kept whole, cut when read.
         extra["longer_than_max_len"] = {c: longer.get(c, 0) for c in vocab.schema.lists}
-    m = Manifest(format="tfrecord" if fields else "libsvm", field_size=vocab.field_size,
+    m = Manifest(format="tfrecord" if fields else "libsvm",
+                 field_size=fields.field_size if fields else vocab.field_size,
                  feature_size=vocab.feature_size, files=entries, positives=positives,
                  vocabulary=VOCAB_NAME, extra=extra,
                  fields=fields.to_json() if fields else None)
