@@ -155,7 +155,7 @@ def test_the_suite_summary_holds_each_protocol_against_deepctrs_bar(tmp_path):
     """bench quality over several sets with DeepCTR and seeds: per variant and protocol (the
     best validation epoch; the last epoch), the mean difference to DeepCTR over the sets and
     the sets below DeepCTR's mean minus its standard error. --suite names only known sets,
-    and --numeric-transform only with it."""
+    and --numeric-transform and --buckets only with it."""
     from ctrtrain.bench.quality import format_suite, suite_summary
 
     def runs(*aucs):
@@ -175,7 +175,9 @@ def test_the_suite_summary_holds_each_protocol_against_deepctrs_bar(tmp_path):
     assert code == 2 and "--suite: no set nope" in err
     code, _, err = cli("bench", "quality", "--numeric-transform", "standard", "--work-dir",
                        tmp_path)
-    assert code == 2 and "--numeric-transform applies to the --suite sets" in err
+    assert code == 2 and "--numeric-transform and --buckets apply to the --suite sets" in err
+    code, _, err = cli("bench", "quality", "--buckets", "8", "--work-dir", tmp_path)
+    assert code == 2 and "apply to the --suite sets" in err
     assert not (tmp_path / "sets").exists()
 
 

@@ -40,9 +40,10 @@ def test_featurize_options_read_as_the_same_cli_flags(name):
     a = build_parser().parse_args(["data", "featurize", "x.csv", "--out", "o", *o.flags()])
     assert (a.label_column, a.label_threshold, tuple(a.numeric), tuple(a.multi_hot),
             tuple(a.sequence), tuple(a.share_vocab), a.max_len, tuple(a.drop), a.min_count,
-            a.hash_buckets, a.numeric_transform, a.declared) == (
+            a.hash_buckets, a.numeric_transform, a.declared, a.buckets) == (
         o.label_column, o.label_threshold, o.numeric, o.multi_hot, o.sequence, o.share_vocab,
-        o.max_len, o.drop, o.min_count, o.hash_buckets, o.numeric_transform, o.declared)
+        o.max_len, o.drop, o.min_count, o.hash_buckets, o.numeric_transform, o.declared,
+        o.buckets)
 
 
 def test_split_rows_by_time_keeps_order_and_shuffle_is_seeded():

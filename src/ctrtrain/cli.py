@@ -376,6 +376,8 @@ def _bench_commands(sub):
     p.add_argument("--numeric-transform", default=None, metavar="TRANSFORM",
                    help="featurize's --numeric-transform for the --suite sets (each transform "
                         "prepared once; default featurize's)")
+    p.add_argument("--buckets", type=NON_NEGATIVE, default=0, metavar="N",
+                   help="featurize's --buckets for the --suite sets' numeric columns")
     p.add_argument("--epochs", type=POSITIVE, default=3)
     p.add_argument("--variants", type=split_variants, default=["auto", *TABLE_UPDATES],
                    help="ctrtrain runs, comma-separated: a table_updates, optionally with "
@@ -495,10 +497,10 @@ def cmd_bench_quality(a):
                               f"{', '.join(SETS)}, or all)")
         for name in names:
             sets.append((name, str(prepared(name, Path(a.work_dir) / "sets",
-                                            a.numeric_transform))))
-    elif a.numeric_transform:
-        raise ConfigError("--numeric-transform applies to the --suite sets (featurize your own "
-                          "--data with it)")
+                                            a.numeric_transform, a.buckets))))
+    elif a.numeric_transform or a.buckets:
+        raise ConfigError("--numeric-transform and --buckets apply to the --suite sets "
+                          "(featurize your own --data with them)")
     report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json,
                                a.batch_size, model=a.model, seeds=a.seeds,
                                peer_numeric=a.peer_numeric)

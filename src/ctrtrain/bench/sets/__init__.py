@@ -65,6 +65,7 @@ class FeaturizeOptions:
     min_count: int = 1
     hash_buckets: int = 0
     numeric_transform: str | None = None    # None: featurize's default
+    buckets: int = 0                        # featurize --buckets
     declared: bool = True    # declared fields, numeric columns as numeric fields (featurize
                              # --declared): what a model can read as values
 
@@ -88,6 +89,8 @@ class FeaturizeOptions:
             out += ["--max-len", str(self.max_len)]
         if self.numeric_transform:
             out += ["--numeric-transform", self.numeric_transform]
+        if self.buckets:
+            out += ["--buckets", str(self.buckets)]
         if self.hash_buckets:
             out += ["--hash-buckets", str(self.hash_buckets)]
         if self.declared:
@@ -214,7 +217,7 @@ def _featurize(options: FeaturizeOptions, out: Path):
                                     max_len=options.max_len, min_count=options.min_count,
                                     hash_buckets=options.hash_buckets,
                                     numeric_transform=options.numeric_transform,
-                                    declare=options.declared)}
+                                    declare=options.declared, buckets=options.buckets)}
     for split in SPLITS[1:]:
         manifests[split] = featurize([str(out / f"{split}.csv")], out / split, overwrite=True,
                                      vocab_path=str(out / "train" / VOCAB_NAME))
@@ -252,12 +255,14 @@ def field_kinds(manifest, data_dir: Path) -> dict[str, int]:
                                    ("categorical", schema.categorical)) if v}
 
 
-def prepare(name: str, out_dir, download_dir=None, numeric_transform: str | None = None) -> dict:
+def prepare(name: str, out_dir, download_dir=None, numeric_transform: str | None = None,
+            buckets: int = 0) -> dict:
     """Set `name` in out_dir: {train,valid,test}.csv (.txt for libffm) and the data
     directories {train,valid,test}/ made from them. The archive is downloaded once into
     download_dir (default out_dir/download) and checked before anything is written.
     `numeric_transform`: featurize's (--numeric-transform; default featurize's own): no set
-    fixes one, since which is best is what the suite measures.
+    fixes one, since which is best is what the suite measures. `buckets`: featurize's
+    --buckets (the libffm sets have no numeric columns).
     Returns {"set", "rows", "positives", "positive_rate", "fields"}."""
     if name not in SETS:
         raise ValueError(f"no quality set {name!r}: one of {', '.join(SETS)}")
@@ -277,6 +282,8 @@ def prepare(name: str, out_dir, download_dir=None, numeric_transform: str | None
         options = s.options
         if numeric_transform:
             options = dataclasses.replace(options, numeric_transform=numeric_transform)
+        if buckets:
+            options = dataclasses.replace(options, buckets=buckets)
         manifests = _featurize(options, out)
     rows = {split: m.records for split, m in manifests.items()}
     positives = {split: m.positives for split, m in manifests.items()}
@@ -285,15 +292,16 @@ def prepare(name: str, out_dir, download_dir=None, numeric_transform: str | None
             "fields": field_kinds(manifests["train"], out / "train")}
 
 
-def prepared(name: str, root, numeric_transform: str | None = None) -> Path:
-    """Set `name` prepared under root/<name> (root/<name>-<transform> with a transform),
+def prepared(name: str, root, numeric_transform: str | None = None, buckets: int = 0) -> Path:
+    """Set `name` prepared under root/<name> (root/<name>-<transform>-b<buckets> with those),
     downloads in root/download; reused as it is when its three splits are already there."""
-    out = Path(root) / (f"{name}-{numeric_transform}" if numeric_transform else name)
+    out = Path(root) / "-".join([name, *([numeric_transform] if numeric_transform else []),
+                                 *([f"b{buckets}"] if buckets else [])])
     if all((out / split / "manifest.json").exists() for split in SPLITS):
         return out
     print(f"[suite] preparing {name} in {out} ...", flush=True)
     summary = prepare(name, out, download_dir=Path(root) / "download",
-                      numeric_transform=numeric_transform)
+                      numeric_transform=numeric_transform, buckets=buckets)
     print(f"[suite] {name}: {summary['rows']} rows, positive rate {summary['positive_rate']}, "
           f"fields {summary['fields']}", flush=True)
     return out
