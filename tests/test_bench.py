@@ -208,6 +208,8 @@ def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
         for e in epochs:
             for split in ("valid", "test"):
                 assert 0.0 <= e[split]["auc"] <= 1.0 and 0 < e[split]["logloss"] < 5, (name, e)
+    if peer:    # DeepCTR takes the fixed schema's 13 numeric columns as its users do: DenseFeat
+        assert {(e["numeric_as"], e["numeric_columns"]) for e in runs["deepctr"]} == {("dense", 13)}
     # catchup is the dense update's result: the same model to float noise, so the same AUC.
     for a, b in zip(runs["ctrtrain catchup"], runs["ctrtrain dense"]):
         assert abs(a["test"]["auc"] - b["test"]["auc"]) < 0.003, (a, b)
@@ -261,7 +263,8 @@ def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
 @pytest.mark.slow
 def test_bench_quality_gives_deepctr_numeric_columns_as_ctrtrain_takes_them(tmp_path, shared):
     """--peer-numeric scaled: DeepCTR's run takes Criteo's 13 numeric columns as scaled
-    embeddings (ctrtrain's model), not as DenseFeat values; it trains and is evaluated."""
+    embeddings (ctrtrain's model), not as DenseFeat values; it trains and is evaluated. (The
+    default, dense, is test_bench_quality_runs_every_variant_and_deepctr's.)"""
     peer = deepctr_python()
     if peer is None:
         if os.environ.get("CTRTRAIN_REQUIRE_DEEPCTR"):
@@ -273,12 +276,10 @@ def test_bench_quality_gives_deepctr_numeric_columns_as_ctrtrain_takes_them(tmp_
     for split in ("valid", "test"):
         ctrtrain_here("data", "featurize", tmp_path / "raw" / f"{split}.txt", "--out",
                       tmp_path / "d" / split, "--vocab", tmp_path / "d" / "train" / "vocab.json")
-    for numeric in ("scaled", "dense"):
-        run_cli("bench", "quality", "--data", f"c={tmp_path / 'd'}", "--epochs", "2",
-                "--batch-size", "32", "--variants", "auto", "--peer-numeric", numeric,
-                "--deepctr-python", peer, "--work-dir", tmp_path / "w",
-                "--json", tmp_path / f"{numeric}.json", timeout=900)
-        runs = json.loads((tmp_path / f"{numeric}.json").read_text())["sets"]["c"]["runs"]
-        last = runs["deepctr"][-1]
-        assert last["numeric_as"] == numeric and last["numeric_columns"] == 13, last
-        assert 0.5 < last["test"]["auc"] <= 1.0, last
+    run_cli("bench", "quality", "--data", f"c={tmp_path / 'd'}", "--epochs", "2",
+            "--batch-size", "32", "--variants", "auto", "--peer-numeric", "scaled",
+            "--deepctr-python", peer, "--work-dir", tmp_path / "w",
+            "--json", tmp_path / "scaled.json", timeout=900)
+    last = json.loads((tmp_path / "scaled.json").read_text())["sets"]["c"]["runs"]["deepctr"][-1]
+    assert last["numeric_as"] == "scaled" and last["numeric_columns"] == 13, last
+    assert 0.5 < last["test"]["auc"] <= 1.0, last
