@@ -579,11 +579,14 @@ def test_bench_train_takes_each_runs_ratio_to_the_dense_limit_beside_it(data, tm
     """Repeats go round the variants, each run's dense limit measured right after it: the
     ratio is the median of the runs' own ratios (the VM's speed drifts between runs)."""
     import statistics
-    (tmp_path / "v.yaml").write_text("a: {}\nb: {steps_per_execution: 1}\n")
+    # One variant (each run is a process of its own: 2 repeats of a run and its dense limit
+    # are 4 processes); several variants in one bench: the test of --model above.
+    (tmp_path / "v.yaml").write_text("b: {steps_per_execution: 1}\n")
     run_cli("bench", "train", "--data", data / "train", "--variants", tmp_path / "v.yaml",
             "--steps", 20, "--warmup", 5, "--repeats", 2, "--work-dir", tmp_path / "w",
             "--json", tmp_path / "b.json")
     b = json.loads((tmp_path / "b.json").read_text())
+    assert list(b["variants"]) == ["b"]
     for v in b["variants"].values():
         assert len(v["runs"]) == len(v["dense_limit_runs"]) == 2
         assert v["ratio_runs"] == [r / d for r, d in zip(v["runs"], v["dense_limit_runs"])]
