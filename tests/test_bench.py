@@ -221,7 +221,9 @@ def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
 def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
     """DIN in the quality benchmark: ctrtrain's and DeepCTR 0.9.4's on the same declared
     fields (numeric, categorical, a bag and a history), the target named by the variant's
-    setting (synth's history S1 names none) and passed on to DeepCTR's run."""
+    setting (synth's history S1 names none) and passed on to DeepCTR's run. The defaults
+    protocol: each trainer with its own defaults (ctrtrain train's embedding 16 and L2 1e-6;
+    DeepCTR's SparseFeat width 4), the batch given to both."""
     ctrtrain_here("data", "synth", "--out", tmp_path / "d", "--rows", "6000", "--feature-size",
                   "2000", "--categorical-fields", "5", "--multi-hot-fields", "1",
                   "--multi-hot-len", "3", "--multi-hot-vocab", "200", "--sequence-fields", "1",
@@ -231,12 +233,17 @@ def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
         pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")
     run_cli("bench", "quality", "--model", "din", "--data", f"small={tmp_path / 'd'}",
             "--epochs", "1", "--variants", "auto:din_target=C1", "--batch-size", "256",
-            "--seeds", "2", "--work-dir", tmp_path / "w", "--json", tmp_path / "q.json",
-            *(["--deepctr-python", peer] if peer else []), timeout=900)
+            "--seeds", "2", "--protocol", "defaults", "--work-dir", tmp_path / "w", "--json",
+            tmp_path / "q.json", *(["--deepctr-python", peer] if peer else []), timeout=900)
     small = json.loads((tmp_path / "q.json").read_text())["sets"]["small"]
     assert (tmp_path / "q.png").stat().st_size > 10_000      # the curves beside the report
     runs = small["runs"]
     assert set(runs) == {"ctrtrain auto:din_target=C1"} | ({"deepctr"} if peer else set())
+    from ctrtrain.train.config import TrainConfig
+    assert runs["ctrtrain auto:din_target=C1"][-1]["settings"] == {
+        "embedding_size": TrainConfig.embedding_size, "deep_layers": list(TrainConfig.deep_layers),
+        "dropout": TrainConfig.dropout, "l2_reg": TrainConfig.l2_reg,
+        "learning_rate": TrainConfig.learning_rate, "batch_size": 256}
     # --seeds 2: each trainer twice, seeds 0 and 1, different initial values: different AUCs;
     # their mean with its standard error, and the difference to DeepCTR's.
     for name, means in small["over_seeds"].items():
@@ -254,6 +261,8 @@ def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
         assert [e["epoch"] for e in epochs] == [1], name
         assert all(0 < e[s]["auc"] < 1 for e in epochs for s in ("valid", "test")), name
     if peer:    # DeepCTR's DIN saw the declared fields, the history weighed against C1 (s0)
+        assert (runs["deepctr"][0]["protocol"], runs["deepctr"][0]["embedding_dim"]) == \
+            ("defaults", 4)
         columns = runs["deepctr"][0]["columns"]
         assert columns["C1"] == "SparseFeat s0" and columns["I1"] == "DenseFeat d0"
         assert columns["M1"].startswith("VarLenSparseFeat b")

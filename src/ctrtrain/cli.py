@@ -389,6 +389,11 @@ def _bench_commands(sub):
     p.add_argument("--seeds", type=POSITIVE, default=1,
                    help="run every trainer with this many seeds (0, 1, ...) and report each "
                         "one's mean test AUC with its standard error")
+    p.add_argument("--protocol", choices=("sample", "defaults"), default="sample",
+                   help="sample: every run with the SageMaker sample's settings (embedding 16, "
+                        "dropout 0.5, L2 1e-4, batch 1024); defaults: each trainer with its own "
+                        "defaults (ctrtrain train's; DeepCTR's model functions' and its "
+                        "examples' batch 256), --batch-size for both if given")
     p.add_argument("--peer-numeric", choices=("dense", "scaled"), default="dense",
                    help="how DeepCTR takes numeric columns (of the fixed schema): dense, its "
                         "value into the MLP and linear part as DeepCTR's users feed Criteo; "
@@ -503,7 +508,7 @@ def cmd_bench_quality(a):
                           "(featurize your own --data with them)")
     report = run_quality_bench(sets, a.work_dir, a.epochs, a.variants, a.deepctr_python, a.json,
                                a.batch_size, model=a.model, seeds=a.seeds,
-                               peer_numeric=a.peer_numeric)
+                               peer_numeric=a.peer_numeric, protocol=a.protocol)
     for line in check_bar(report):
         print(f"below the bar: {line}")
 

@@ -60,6 +60,12 @@ def logloss(y, p) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
+def embedding_dim(params: dict) -> dict:
+    """SparseFeat's width: the run's, or none given (SparseFeat's default, 4: the defaults
+    protocol)."""
+    return {"embedding_dim": params["embedding_size"]} if "embedding_size" in params else {}
+
+
 def fixed_columns(params: dict, train: dict):
     """The fixed schema's columns (module doc), the function that maps a split's arrays to
     their inputs, and what the run records about them. params["numeric_as"]: "dense" (a
@@ -77,7 +83,7 @@ def fixed_columns(params: dict, train: dict):
 
     def sparse(name):
         return SparseFeat(name, vocabulary_size=params["feature_size"] + shift,
-                          embedding_dim=params["embedding_size"], dtype="int64",
+                          **embedding_dim(params), dtype="int64",
                           embedding_name="table")
 
     columns = []
@@ -124,7 +130,7 @@ def declared_columns(params: dict, fields: list):
 
     def sparse(name):       # one table for all, as ctrtrain's; row 0 the padding
         return SparseFeat(name, vocabulary_size=params["feature_size"] + 1,
-                          embedding_dim=params["embedding_size"], dtype="int64",
+                          **embedding_dim(params), dtype="int64",
                           embedding_name="table")
 
     categorical = [f["name"] for f in fields if f["kind"] == "categorical"]
@@ -185,10 +191,15 @@ def build(params: dict, train: dict, fields: list | None = None):
         raise SystemExit("DeepCTR's DIN needs declared fields with a history (docs/fields.md)")
     columns, inputs, facts = (fixed_columns(params, train) if fields is None
                               else declared_columns(params, fields))
-    half = params["l2"] / 2    # ctrtrain's l2 is the sample's l2 * l2_loss(w) = l2/2 * sum(w^2)
-    common = dict(dnn_hidden_units=tuple(params["deep_layers"]), l2_reg_linear=half,
-                  l2_reg_embedding=half, l2_reg_dnn=half, dnn_dropout=params["dropout"],
-                  seed=params["seed"], task="binary")
+    # The sample protocol's settings; with params["protocol"] "defaults", DeepCTR's own
+    # (the model functions' defaults: no argument given but the structure's).
+    defaults = params.get("protocol", "sample") == "defaults"
+    half = params.get("l2", 0) / 2    # ctrtrain's l2 is the sample's: l2/2 * sum(w^2)
+    common = dict(seed=params["seed"], task="binary") if defaults else dict(
+        dnn_hidden_units=tuple(params["deep_layers"]), l2_reg_linear=half,
+        l2_reg_embedding=half, l2_reg_dnn=half, dnn_dropout=params["dropout"],
+        seed=params["seed"], task="binary")
+    own = {} if defaults else {"l2_reg_cross": half, "l2_reg_cin": half}
     if name == "deepfm":
         model = models.DeepFM(columns, columns, **common)
     elif name == "wide_deep":
@@ -198,12 +209,13 @@ def build(params: dict, train: dict, fields: list | None = None):
         if options["cross_structure"] != "parallel" or options["cross_rank"]:
             raise SystemExit("DeepCTR's DCN is parallel and full rank (DCNMix is its low rank)")
         model = models.DCN(columns, columns, cross_num=options["cross_layers"],
-                           cross_parameterization="matrix", l2_reg_cross=half, **common)
+                           cross_parameterization="matrix",
+                           **{k: v for k, v in own.items() if k == "l2_reg_cross"}, **common)
     elif name == "xdeepfm":     # the paper's CIN (and ctrtrain's): no half split, no ReLU
         model = models.xDeepFM(columns, columns,
                                cin_layer_size=tuple(params["options"]["cin_layers"]),
-                               cin_split_half=False, cin_activation="linear", l2_reg_cin=half,
-                               **common)
+                               cin_split_half=False, cin_activation="linear",
+                               **{k: v for k, v in own.items() if k == "l2_reg_cin"}, **common)
     elif name == "autoint":     # the paper's AutoInt (and ctrtrain's): no MLP
         o = params["options"]
         common.update(dnn_hidden_units=())
@@ -215,7 +227,7 @@ def build(params: dict, train: dict, fields: list | None = None):
         # No linear part (DIN has none). The paper's and ctrtrain's unnormalized attention
         # weights (no softmax), Dice in the activation unit and ReLU in the MLP: DeepCTR's
         # defaults, stated so that a change of them shows here.
-        del common["l2_reg_linear"]
+        common.pop("l2_reg_linear", None)
         target = [c.name[len("hist_"):] for c in columns if c.name.startswith("hist_")]
         model = models.DIN(columns, target,
                            att_hidden_size=tuple(params["options"]["din_attention_units"]),
@@ -223,8 +235,12 @@ def build(params: dict, train: dict, fields: list | None = None):
                            dnn_activation="relu", **common)
     else:
         raise SystemExit(f"DeepCTR has no {name}")
-    model.compile(tf.keras.optimizers.Adam(params["learning_rate"]), "binary_crossentropy")
+    model.compile(tf.keras.optimizers.Adam(1e-3 if defaults else params["learning_rate"]),
+                  "binary_crossentropy")
     assert set(get_feature_names(columns)) == set(inputs(train))
+    dims = {getattr(c, "embedding_dim", None) for c in columns} - {None}
+    facts = {**facts, "protocol": "defaults" if defaults else "sample",
+             "embedding_dim": dims.pop() if len(dims) == 1 else sorted(dims)}
     return model, inputs, facts
 
 

@@ -10,7 +10,13 @@ After every epoch each variant's model is evaluated on the validation and the te
 (AUC, logloss); the figure a run is judged by is the test AUC at the epoch
 with the best validation AUC (early stopping on validation, keeping the best epoch). Every run
 is a fresh process with the same configuration (embedding 16, MLP 256-128-64, dropout 0.5,
-batch 1024, Adam 1e-3, L2 1e-4 as the SageMaker sample's l2_reg: the issue's peer comparison).
+batch 1024, Adam 1e-3, L2 1e-4 as the SageMaker sample's l2_reg: the issue's peer comparison):
+the `sample` protocol. The `defaults` protocol runs each trainer as its user gets it: ctrtrain
+with `ctrtrain train`'s defaults, DeepCTR with its model functions' defaults (embedding 4,
+MLP 256-128-64, dropout 0, L2 1e-5 on the embeddings and the linear part, Adam 1e-3: the
+defaults of DeepFM(), WDL(), DCN(), ... and SparseFeat) and the batch of its examples (256),
+both on the same model structure (DCN-v2's matrix cross, the CIN's and DIN's forms); with
+--batch-size both train with that batch.
 
 Without data sets given, a synthetic long-tail set is made once in the work directory: Criteo's
 39 fields and cardinalities scaled to 200,000 rows of table, ids Zipf(0.7) within each field
@@ -34,6 +40,8 @@ CONFIG = {"embedding_size": 16, "deep_layers": [256, 128, 64], "dropout": 0.5,
           "batch_size": 1024, "learning_rate": 1e-3, "l2": 1e-4, "seed": 0}
 VARIANTS = ("auto", *TABLE_UPDATES)     # auto: the default, as a user gets it
 LONG_TAIL = {"rows": 500_000, "feature_size": 200_000, "zipf": 0.7}
+PROTOCOLS = ("sample", "defaults")
+DEEPCTR_EXAMPLES_BATCH = 256    # DeepCTR's examples' model.fit(batch_size=256)
 BAR = 0.002    # the default's (and catchup's) test AUC may trail dense's by at most this
 # ctrtrain's models DeepCTR also has (deepctr_runner.py builds them): LR, FM and DLRM it has not.
 DEEPCTR_MODELS = ("deepfm", "wide_deep", "dcn_v2", "xdeepfm", "autoint", "din")
@@ -110,14 +118,17 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
     # An epoch is the whole batches of the training set, as training counts it.
     steps_per_epoch = resolve_source(p["train"])[0].records // p["batch_size"]
     with tempfile.TemporaryDirectory() as md:
-        # The protocol's model settings that the model reads (LR has no MLP, ...).
+        # The protocol's model settings that the model reads (LR has no MLP, ...); none for
+        # the defaults protocol (the training defaults).
         shape = {"embedding_size": p["embedding_size"], "deep_layers": tuple(p["deep_layers"]),
-                 "dropout": p["dropout"]}
+                 "dropout": p["dropout"], "learning_rate": p["learning_rate"],
+                 "l2_reg": p["l2"]} if p.get("protocol", "sample") == "sample" else {}
+        reads = {*MODELS[p["model"]].reads, "learning_rate", "l2_reg"}
         base = dict(
             train_dir=p["train"], valid_dir=p["valid"], test_dir=p["test"], model_dir=md,
-            model=p["model"], **{k: v for k, v in shape.items() if k in MODELS[p["model"]].reads},
-            batch_size=p["batch_size"], learning_rate=p["learning_rate"],
-            l2_reg=p["l2"], seed=p["seed"], epochs=p["epochs"], eval_every=steps_per_epoch,
+            model=p["model"], **{k: v for k, v in shape.items() if k in reads},
+            batch_size=p["batch_size"], seed=p["seed"], epochs=p["epochs"],
+            eval_every=steps_per_epoch,
             eval_test=True, checkpoint_every=0, export=False, progress=False, quiet=True,
             # Every epoch trained and its last model evaluated: the protocol picks the best.
             early_stopping=0, export_best=False)
@@ -133,6 +144,8 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
     out = [epochs[k] for k in sorted(epochs)]
     out[-1]["examples_per_s"] = r.get("examples_per_s")
     out[-1]["table_updates"] = cfg.table_updates
+    out[-1]["settings"] = {k: getattr(cfg, k) for k in (
+        "embedding_size", "deep_layers", "dropout", "l2_reg", "learning_rate", "batch_size")}
     return out
 
 
@@ -193,17 +206,23 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
                       variants=VARIANTS, deepctr_python: str | None = None,
                       out: str | None = None, batch_size: int | None = None,
                       model: str = "deepfm", seeds: int = 1,
-                      peer_numeric: str = "dense") -> dict:
+                      peer_numeric: str = "dense", protocol: str = "sample") -> dict:
     """`batch_size`: instead of the configuration's 1024 (small data sets). `model`: what
     every run trains (MODELS; its own options at their defaults); DeepCTR runs only for the
     models it has (DEEPCTR_MODELS). `seeds`: every run repeated with seeds 0..seeds-1 (initial
     values, dropout, shuffling), reported per seed and as a mean with its
     standard error: a difference of 0.002 is within one run's seed-to-seed spread.
     `peer_numeric`: how DeepCTR takes the fixed schema's numeric columns (deepctr_runner's
-    numeric_as: "dense", as its users do, or "scaled", as ctrtrain's model does)."""
+    numeric_as: "dense", as its users do, or "scaled", as ctrtrain's model does).
+    `protocol`: PROTOCOLS (module doc)."""
     from ..data.index import resolve_source
-    config = {**CONFIG, **({"batch_size": batch_size} if batch_size else {}), "model": model,
-              "options": {n: o.default for n, o in MODELS[model].options.items()}}
+    from ..train.config import TrainConfig
+    if protocol == "sample":
+        config = {**CONFIG, **({"batch_size": batch_size} if batch_size else {})}
+    else:
+        config = {"batch_size": batch_size or TrainConfig.batch_size, "seed": CONFIG["seed"]}
+    config.update(model=model, protocol=protocol,
+                  options={n: o.default for n, o in MODELS[model].options.items()})
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     if not datasets:
@@ -231,6 +250,8 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
             params = {**config, "options": options, "epochs": epochs,
                       "feature_size": manifests["train"].feature_size,
                       "numeric_as": peer_numeric}
+            if protocol == "defaults" and not batch_size:
+                params["batch_size"] = DEEPCTR_EXAMPLES_BATCH
             for s, d in splits.items():
                 params[s] = str(export_arrays(d, arrays / f"{s}.npz"))
             commands["deepctr"] = (
