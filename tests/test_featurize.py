@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import ctrtrain_here, run_cli
 from ctrtrain.data.featurize import Vocabulary, build_vocabulary, featurize, featurize_file
 from ctrtrain.data.libsvm import Rows
 from ctrtrain.data.manifest import read_manifest
@@ -207,6 +207,18 @@ def test_buckets_at_the_training_splits_quantiles_everywhere(tmp_path):
     r = run_cli("data", "featurize", tmp_path / "test.csv", "--out", tmp_path / "bad",
                 "--vocab", tmp_path / "train" / "vocab.json", "--buckets", "8", check=False)
     assert r.returncode == 2 and "--buckets" in r.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_column_that_cannot_name_a_declared_field_is_refused_before_writing(tmp_path):
+    """A header like a numbered table's ("4", "5") is fine for the fixed schema (ids by
+    position) but cannot name a declared field: refused, naming the column and the file."""
+    (tmp_path / "t.csv").write_text("label,4,city\n1,2.5,a\n0,3.5,b\n")
+    ctrtrain_here("data", "featurize", tmp_path / "t.csv", "--out", tmp_path / "fixed",
+                  "--numeric", "4", "--min-count", "1")
+    r = run_cli("data", "featurize", tmp_path / "t.csv", "--out", tmp_path / "o", "--numeric",
+                "4", "--declared", check=False)
+    assert r.returncode == 2 and "column '4' cannot name a declared field" in r.stderr
+    assert "t.csv" in r.stderr and not (tmp_path / "o").exists()
 
 
 def test_declared_without_multi_valued_columns_makes_numeric_fields(shared, tmp_path):

@@ -496,6 +496,16 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
                          label_threshold=label_threshold, max_len=max_len,
                          numeric_transform=numeric_transform or DEFAULT_NUMERIC_TRANSFORM,
                          declare=declare, buckets=buckets)
+    if vocab.declared:     # before anything is written: each column names a field
+        from .schema import field_name_ok
+        s = vocab.schema
+        bad = [c for c in s.numeric + s.categorical + s.lists if not field_name_ok(c)]
+        if bad:
+            raise DataError(f"column {bad[0]!r} cannot name a declared field (a name starts "
+                            "with a letter or '_', then letters, digits, '_', '.', '-'; not "
+                            "label, ids or values): rename it in the header"
+                            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+                            path=files[0])
     out = prepare_output_dir(out_dir, overwrite, [*inputs, *([vocab_path] if vocab_path else [])])
     entries, positives, longer = [], 0, {}
     fields = vocab.fields() if vocab.declared else None

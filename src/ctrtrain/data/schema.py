@@ -53,6 +53,12 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 _RESERVED = {"label", "ids", "values"}
 
 
+def field_name_ok(name: str) -> bool:
+    """Whether `name` can name a declared field (a tf.train.Example feature)."""
+    return bool(_NAME.fullmatch(name)) and name not in _RESERVED and not name.endswith(
+        WEIGHTS_SUFFIX)
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
     name: str
@@ -127,7 +133,7 @@ class Schema:
             name, kind = d.get("name"), d.get("kind", "categorical")
             if not isinstance(name, str) or not _NAME.fullmatch(name) or name in _RESERVED \
                     or name.endswith(WEIGHTS_SUFFIX):
-                raise bad(i, f"name {name!r} must be 1-64 letters, digits, '_', '.', '-' "
+                raise bad(i, f"name {name!r} must start with a letter or '_' and be 1-64 letters, digits, '_', '.', '-' "
                           f"(not {sorted(_RESERVED)}, not ending in {WEIGHTS_SUFFIX})")
             if name in names:
                 raise bad(i, f"name {name!r} is declared twice")

