@@ -319,7 +319,7 @@ def cmd_inspect(a):
 
 
 def _bench_commands(sub):
-    from .bench.quality import split_variants
+    from .bench.quality import PROTOCOLS, split_variants
     from .train.config import TABLE_UPDATES
     bench = sub.add_parser("bench", help="benchmarks (examples/s, median of runs)")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="WHAT")
@@ -389,7 +389,7 @@ def _bench_commands(sub):
     p.add_argument("--seeds", type=POSITIVE, default=1,
                    help="run every trainer with this many seeds (0, 1, ...) and report each "
                         "one's mean test AUC with its standard error")
-    p.add_argument("--protocol", choices=("sample", "defaults"), default="sample",
+    p.add_argument("--protocol", choices=PROTOCOLS, default="sample",
                    help="sample: every run with the SageMaker sample's settings (embedding 16, "
                         "dropout 0.5, L2 1e-4, batch 1024); defaults: each trainer with its own "
                         "defaults (ctrtrain train's; DeepCTR's model functions' and its "

@@ -199,7 +199,9 @@ def build(params: dict, train: dict, fields: list | None = None):
         dnn_hidden_units=tuple(params["deep_layers"]), l2_reg_linear=half,
         l2_reg_embedding=half, l2_reg_dnn=half, dnn_dropout=params["dropout"],
         seed=params["seed"], task="binary")
-    own = {} if defaults else {"l2_reg_cross": half, "l2_reg_cin": half}
+
+    def own_l2(name):     # a model's own regularizer: the sample's L2, or DeepCTR's default
+        return {} if defaults else {name: half}
     if name == "deepfm":
         model = models.DeepFM(columns, columns, **common)
     elif name == "wide_deep":
@@ -210,12 +212,12 @@ def build(params: dict, train: dict, fields: list | None = None):
             raise SystemExit("DeepCTR's DCN is parallel and full rank (DCNMix is its low rank)")
         model = models.DCN(columns, columns, cross_num=options["cross_layers"],
                            cross_parameterization="matrix",
-                           **{k: v for k, v in own.items() if k == "l2_reg_cross"}, **common)
+                           **own_l2("l2_reg_cross"), **common)
     elif name == "xdeepfm":     # the paper's CIN (and ctrtrain's): no half split, no ReLU
         model = models.xDeepFM(columns, columns,
                                cin_layer_size=tuple(params["options"]["cin_layers"]),
                                cin_split_half=False, cin_activation="linear",
-                               **{k: v for k, v in own.items() if k == "l2_reg_cin"}, **common)
+                               **own_l2("l2_reg_cin"), **common)
     elif name == "autoint":     # the paper's AutoInt (and ctrtrain's): no MLP
         o = params["options"]
         common.update(dnn_hidden_units=())

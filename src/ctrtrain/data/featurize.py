@@ -50,8 +50,6 @@ from .raw import ColumnRoles, RawChunk, RawSchema, read_raw, sniff_format
 VOCAB_NAME = "vocab.json"
 NUMERIC_TRANSFORMS = ("log", "standard", "log-standard", "minmax", "none")
 DEFAULT_NUMERIC_TRANSFORM = "log-standard"
-
-
 BUCKET_SAMPLE = 1_000_000     # rows whose values place the quantile boundaries (all, if fewer)
 
 
@@ -121,21 +119,31 @@ class QuantileSample:
 
     def __init__(self, cap: int = BUCKET_SAMPLE):
         self.cap, self.rng = cap, np.random.default_rng(0)
-        self.keys, self.rows = np.zeros(0), None
+        self.keys, self.rows, self.held = [], [], 0
 
     def add(self, x) -> None:
-        keys = np.concatenate([self.keys, self.rng.random(len(x))])
-        rows = x if self.rows is None else np.concatenate([self.rows, x])
+        # Chunks are kept as they come and cut to `cap` only past twice that: each row is
+        # copied a bounded number of times, not once per later chunk.
+        self.keys.append(self.rng.random(len(x)))
+        self.rows.append(x)
+        self.held += len(x)
+        if self.held > 2 * self.cap:
+            self._cut()
+
+    def _cut(self) -> None:
+        keys, rows = np.concatenate(self.keys), np.concatenate(self.rows)
         if len(keys) > self.cap:
             keep = np.argpartition(keys, self.cap)[:self.cap]
             keys, rows = keys[keep], rows[keep]
-        self.keys, self.rows = keys, rows
+        self.keys, self.rows, self.held = [keys], [rows], len(keys)
 
     def boundaries(self, buckets: int, columns: list[str]) -> dict[str, list[float]]:
         """{column: the sorted distinct inner quantiles of its present values}."""
+        if self.rows:
+            self._cut()
         out = {}
         for j, c in enumerate(columns):
-            x = self.rows[:, j] if self.rows is not None else np.zeros(0)
+            x = self.rows[0][:, j] if self.rows else np.zeros(0)
             x = x[~np.isnan(x)]
             qs = np.quantile(x, np.arange(1, buckets) / buckets) if len(x) else []
             out[c] = [float(q) for q in np.unique(qs)]
@@ -258,12 +266,13 @@ class Vocabulary:
 
     def transform(self, chunk: RawChunk) -> Rows:
         n = chunk.numeric.shape[0]
+        num_vals = scale_numeric(chunk.numeric, self.numeric_transform, self.numeric_stats,
+                                 self.schema.numeric)
         ids = np.empty((n, self.field_size), np.int64)
         values = np.ones((n, self.field_size), np.float32)
         k = len(self.schema.numeric)
         ids[:, :k] = np.arange(k)
-        values[:, :k] = scale_numeric(chunk.numeric, self.numeric_transform, self.numeric_stats,
-                                      self.schema.numeric)
+        values[:, :k] = num_vals
         for j, (col, base) in enumerate(zip(self.schema.categorical, self.bases())):
             codes, uniques = pd.factorize(chunk.categorical[:, j])
             ids[:, k + j] = base + self._local_ids(col, uniques)[codes]
