@@ -141,7 +141,6 @@ PS_ONE_HOST = {"instance_groups": [{"name": "train", "hosts": 1, "processes_per_
 
 
 @pytest.mark.slow
-@pytest.mark.tf215
 def test_parameter_servers_shard_the_table_and_match_single_process(tmp_path, data, single):
     """Two workers and two servers, the input from a tf.data service on a data group of its own
     (the default topology, the service on the training hosts, is test_faults.py's)."""

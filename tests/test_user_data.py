@@ -207,6 +207,7 @@ def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.tf215   # the parameter-server trainer's test on TF 2.15: its smallest real job
 def test_parameter_servers_honour_early_stopping_and_report_input_time(tmp_path, data):
     from test_distributed import PS_HP, PS_ONE_HOST, channels
     from test_launch import spec_from_example
