@@ -251,14 +251,16 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
     entry: the same steps and within 0.005 AUC of one process with
     the same global batch, with the table's gradients all-gathered or (sparse_reduce dense)
     all-reduced; each rank reads its own files. Horovod's ranks run TF 2.15 (.venv-hvd). The
-    jobs the model family's own test does not launch (test_models.py: all-reduce, parameter
-    servers) also train every other model in turn in the same processes, in the 2.21 pass
-    (and in Horovod's ranks)."""
+    mirrored and Horovod jobs, whose gradients are combined otherwise than in the model
+    family's own jobs (test_models.py: all-reduce, parameter servers), also train every other
+    model in turn in the same processes, in the 2.21 pass (and in Horovod's ranks). The
+    tf.data-service job does not: it is the all-reduce trainer with its input read from the
+    service, and that input is the same for every model."""
     import tensorflow as tf
     from test_distributed import hvd_python, launch
     from test_models import assert_family_trained, family
     python = hvd_python() if example == "horovod" else sys.executable
-    with_family = example == "horovod" or (example != "deepfm-allreduce"
+    with_family = example == "horovod" or (example == "deepfm-mirrored"
                                            and not tf.__version__.startswith("2.15"))
     runs = {"deepfm": {"epochs": 1, **hp}, **(family(**hp) if with_family else {})}
     done, job, out = launch(tmp_path, example, declared, python=python, runs=runs)
