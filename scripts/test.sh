@@ -23,8 +23,11 @@ cd "$root"
 
 # Two pytest-xdist workers: the suite leaves about half of 2 cores idle when run in one
 # process (its jobs wait on sockets, subprocesses and time limits). A file's tests stay on one
-# worker, in order (conftest.py's groups), so its fixtures are made once.
-parallel=(-n 2 --dist loadgroup)
+# worker, in order (loadscope), so its module fixtures are made once. (Not loadgroup: with
+# pytest 9 its group names never reach the scheduler -- xdist 3.8 writes them to a node id
+# field pytest no longer reads -- and a file's tests went to both workers, each making the
+# file's fixtures: a 2.14 framework image built twice.)
+parallel=(-n 2 --dist loadscope)
 
 lint() {
   ruff check src tests scripts examples && python scripts/check_layers.py

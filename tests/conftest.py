@@ -26,23 +26,6 @@ def shared():
     return shared_data()
 
 
-# Under pytest-xdist with --dist loadgroup (scripts/test.sh) each group's tests run on one
-# worker, in order. A group is a file, so that its module fixtures are made once; the tests
-# of another file that use a session fixture's costly product join that file's group (only
-# those: the rest of their file may run on the other worker).
-SAME_WORKER = {"test_faults": ("test_distributed", "single")}   # the single-process baselines
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = module = item.module.__name__
-            if module in SAME_WORKER and SAME_WORKER[module][1] in item.fixturenames:
-                group = SAME_WORKER[module][0]
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def synth_data(tmp_path_factory):
     """synth_data(rows, feature_size, seed) -> (root, info): synthesized splits (root/raw,
