@@ -5,7 +5,7 @@ CPU its tests and their processes need over the two cores: CPU is the figure to 
 Each test's CPU is this process's (tests that run the CLI in-process) plus that of the child
 processes it started and reaped (launches, CLI subprocesses), from getrusage around the test.
 
-    CTRTRAIN_CPU_LOG=cpu.jsonl PYTHONPATH=scripts bash scripts/test.sh -p pytest_cpu -n 2 --dist loadscope
+    CTRTRAIN_CPU_LOG=cpu.jsonl PYTHONPATH=scripts bash scripts/test.sh -p pytest_cpu -n 2 --dist load
 
 appends one JSON line per test (id, wall, self and children CPU seconds) to the file and ends
 the run with the total and the 15 tests and files that cost most."""

@@ -22,12 +22,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 # Two pytest-xdist workers: the suite leaves about half of 2 cores idle when run in one
-# process (its jobs wait on sockets, subprocesses and time limits). A file's tests stay on one
-# worker, in order (loadscope), so its module fixtures are made once. (Not loadgroup: with
-# pytest 9 its group names never reach the scheduler -- xdist 3.8 writes them to a node id
-# field pytest no longer reads -- and a file's tests went to both workers, each making the
-# file's fixtures: a 2.14 framework image built twice.)
-parallel=(-n 2 --dist loadscope)
+# process (its jobs wait on sockets, subprocesses and time limits). Tests go to whichever
+# worker is free (load), so a file's module fixtures may be made on both. Keeping a file on
+# one worker (loadscope) measured slower: 1,386 s for the 2.21 pass against 1,210 (0103eb0,
+# docs/development.md), its heavy multi-process files meeting at the end. (The suite ran as
+# `load` before too: pytest 9 ignores loadgroup's groups, which xdist 3.8 writes to a node id
+# field pytest no longer reads.)
+parallel=(-n 2 --dist load)
 
 lint() {
   ruff check src tests scripts examples && python scripts/check_layers.py
