@@ -45,7 +45,8 @@ def image_cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def kept_image_cache():
     """CTRTRAIN_CACHE for images the tests only use, kept between runs as the project's
-    environments are (.cache/test-images, 45 s of a run for TensorFlow 2.9's): the first run
+    environments are (.cache/test-images: TensorFlow 2.9's and 2.14's; the suite's workers
+    take tests as they come, so a module's own cache was built on each): the first run
     builds them, later ones reuse them until the image builder's code changes (the folder is
     named by its hash; older folders are removed). The builder itself is tested from nothing
     on every run (test_a_framework_image_is_built_on_demand_once_never_half_and_reused)."""
@@ -279,8 +280,8 @@ def test_a_framework_image_is_built_on_demand_once_never_half_and_reused(tmp_pat
     needs the image and an `images build` of it at the same time build it once (pip's
     progress, the time; the other waits, then uses it), and a Keras 2 script (MWMS model.fit,
     model.save(dir)) runs on it; a second launch builds and downloads nothing (the index
-    unreachable for it). One image built for all of it, and reused by this file's other
-    2.14 tests (the image cache is the module's)."""
+    unreachable for it). One image built for all of it (the other 2.14 test uses the kept
+    image cache: the suite's workers take tests as they come)."""
     import signal
     import subprocess
     import sys
@@ -365,7 +366,7 @@ def test_an_image_that_cannot_be_had_is_refused_at_launch(tmp_path, image_cache,
 
 
 @pytest.mark.slow
-def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path, image_cache):
+def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path, kept_image_cache):
     """The deep-learning containers' own Pipe-mode test, as a user would write it: an
     Estimator trains on PipeModeDataset.repeat(3), checks that the FIFO after those it read
     exists, evaluates the same way, then makes new PipeModeDatasets in graph mode several
@@ -389,7 +390,7 @@ def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path, image_ca
     job = sm_job(tmp_path, "pipe_mode_estimator", framework_version="2.14", instance_count=1,
                  hyperparameters={"dimension": 4, "epochs": 3}, watchdog=60,
                  channels={"training": {"path": "data", "input_mode": "Pipe"}})
-    run_cli("launch", job, env=image_cache, timeout=1800)
+    run_cli("launch", job, env=kept_image_cache, timeout=1800)
     got = json.loads((tmp_path / "run" / "model" / "pipe.json").read_text())
     # 3 epochs of 200 records in batches of 5 (the Estimator reads the channel once more
     # while it sets up, as it does on SageMaker: the script asserts <channel>_4).
