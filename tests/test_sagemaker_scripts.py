@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "sagemaker_scripts"
 
 
