@@ -48,12 +48,12 @@ def declared(tmp_path_factory):
     ids, an empty bag in one row of five) and a sequence field (0 to 6 ids, of which the
     hidden model uses the last 3): test_fields.py's, and the model family's in a multi-process
     job (test_models.py)."""
-    out = tmp_path_factory.mktemp("declared") / "data"
-    ctrtrain_here("data", "synth", "--out", out, "--rows", 30_000, "--feature-size", 4_000, "--seed", 2,
-                  "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
-                  "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--sequence-fields", 1,
-                  "--sequence-len", 3, "--files-per-split", 2, "--processes", 2)
-    return out
+    from trainutil import made_once
+    return made_once(tmp_path_factory, "declared", lambda d: ctrtrain_here(
+        "data", "synth", "--out", d / "data", "--rows", 30_000, "--feature-size", 4_000,
+        "--seed", 2, "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
+        "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--sequence-fields", 1,
+        "--sequence-len", 3, "--files-per-split", 2, "--processes", 2))[0] / "data"
 
 
 def run_cli(*args, check=True, cwd=None, env=None, timeout=600):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from test_launch import alive, spec_from_example
+from trainutil import made_once
 
 ROOT = Path(__file__).resolve().parents[1]
 HVD_PYTHON = ROOT / ".venv-hvd" / "bin" / "python"
@@ -66,7 +67,7 @@ def launch(tmp_path, example, data, python=sys.executable, sharded=False, runs=N
 
 class SingleBaselines(dict):
     """Single-process runs on DATA by (global batch, epochs), each launched on first use and
-    shared by this file and test_faults.py (conftest's `single` fixture)."""
+    shared by this file and test_faults.py (conftest's `single` fixture), once per session."""
 
     def __init__(self, data: Path, tmp_path_factory):
         super().__init__()
@@ -74,22 +75,27 @@ class SingleBaselines(dict):
 
     def __missing__(self, key):
         batch, epochs = key
+        self[key] = made_once(self.factory, f"single{batch}x{epochs}",
+                              lambda d: self._baseline(d, batch, epochs))[1]
+        return self[key]
+
+    def _baseline(self, directory: Path, batch: int, epochs: int) -> dict:
         hp = {"epochs": epochs, "batch_size": batch}
-        if key != PS_BASELINE:
-            self[key] = launch(self.factory.mktemp(f"single{batch}x{epochs}"), "deepfm-single",
-                               self.data, hyperparameters=hp)[0]
-            return self[key]
+        if (batch, epochs) != PS_BASELINE:
+            return launch(directory, "deepfm-single", self.data, hyperparameters=hp)[0]
         # Parameter servers update the table sparsely (table_updates auto: catchup); their
         # baseline does the same, so that the comparison is of the asynchrony alone. Their
         # runs are not repeatable (asynchronous updates), and one seed's single-process AUC on
         # this set moves by up to 0.003 with the shuffling alone (seeds 0-2: 0.7847, 0.7860,
         # 0.7873): they are compared with the mean of three seeds.
-        runs = [launch(self.factory.mktemp(f"single{batch}x{epochs}s{seed}"), "deepfm-single",
-                       self.data, hyperparameters={**hp, "table_updates": "catchup",
-                                                   "seed": seed})[0] for seed in range(3)]
+        runs = []
+        for seed in range(3):
+            (directory / f"s{seed}").mkdir()
+            runs.append(launch(directory / f"s{seed}", "deepfm-single", self.data,
+                               hyperparameters={**hp, "table_updates": "catchup",
+                                                "seed": seed})[0])
         mean = sum(r["test"]["auc"] for r in runs) / len(runs)
-        self[key] = {**runs[0], "test": {**runs[0]["test"], "auc": mean}}
-        return self[key]
+        return {**runs[0], "test": {**runs[0]["test"], "auc": mean}}
 
 
 def assert_like_single(r, base, steps=None):

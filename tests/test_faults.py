@@ -13,6 +13,7 @@ import pytest
 from conftest import run_cli
 from test_distributed import AUC_TOLERANCE, PS_HP, PS_ONE_HOST, channels, launch
 from test_launch import alive, spec_from_example
+from trainutil import made_once
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,8 @@ RESUMED_AUC_TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def allreduce_undisturbed(data, tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("allreduce-undisturbed"), "deepfm-allreduce", data,
-                  hyperparameters=ALLREDUCE_HP)[0]
+    return made_once(tmp_path_factory, "allreduce-undisturbed", lambda d: launch(
+        d, "deepfm-allreduce", data, hyperparameters=ALLREDUCE_HP)[0])[1]
 
 
 def record(fault, **figures):

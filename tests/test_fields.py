@@ -202,8 +202,9 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
 def declared_single(declared, tmp_path_factory):
     """One process over the declared data, global batch 512, one epoch: the modes' yardstick."""
     from test_distributed import launch
-    return launch(tmp_path_factory.mktemp("declared-single"), "deepfm-single", declared,
-                  hyperparameters={"epochs": 1, "batch_size": 512})[0]
+    from trainutil import made_once
+    return made_once(tmp_path_factory, "declared-single", lambda d: launch(
+        d, "deepfm-single", declared, hyperparameters={"epochs": 1, "batch_size": 512})[0])[1]
 
 
 def test_the_recipe_on_one_host_trains_what_the_command_trains(declared, declared_single,
@@ -240,8 +241,9 @@ def test_a_hosts_share_of_a_data_set_keeps_its_positive_rate(declared, tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example,hp", [
-    pytest.param("deepfm-allreduce", {"batch_size": 256}, marks=pytest.mark.tf215),
-    ("deepfm-allreduce", {"batch_size": 256, "sparse_reduce": "dense"}),
+    ("deepfm-allreduce", {"batch_size": 256}),
+    pytest.param("deepfm-allreduce", {"batch_size": 256, "sparse_reduce": "dense"},
+                 marks=pytest.mark.tf215),
     pytest.param("deepfm-mirrored", {"batch_size": 256, "devices": 2}, marks=pytest.mark.tf215),
     pytest.param("deepfm-data-service", {"batch_size": 256}, marks=pytest.mark.tf215),
     ("horovod", {"batch_size": 256})])
@@ -251,17 +253,18 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
     entry: the same steps and within 0.005 AUC of one process with
     the same global batch, with the table's gradients all-gathered or (sparse_reduce dense)
     all-reduced; each rank reads its own files. Horovod's ranks run TF 2.15 (.venv-hvd). The
-    mirrored and Horovod jobs, whose gradients are combined otherwise than in the model
-    family's own jobs (test_models.py: all-reduce, parameter servers), also train every other
-    model in turn in the same processes, in the 2.21 pass (and in Horovod's ranks). The
-    tf.data-service job does not: it is the all-reduce trainer with its input read from the
-    service, and that input is the same for every model."""
+    all-reduce (tables all-gathered, the default), mirrored and Horovod jobs also train every
+    other model in turn in the same processes, in the 2.21 pass (and in Horovod's ranks): with
+    the parameter-server job of test_models.py, every model in every way of combining
+    gradients. The tf.data-service job does not: it is the all-reduce trainer with its input
+    read from the service, and that input is the same for every model."""
     import tensorflow as tf
     from test_distributed import hvd_python, launch
     from test_models import assert_family_trained, family
     python = hvd_python() if example == "horovod" else sys.executable
-    with_family = example == "horovod" or (example == "deepfm-mirrored"
-                                           and not tf.__version__.startswith("2.15"))
+    with_family = example == "horovod" or (
+        example in ("deepfm-mirrored", "deepfm-allreduce") and "sparse_reduce" not in hp
+        and not tf.__version__.startswith("2.15"))
     runs = {"deepfm": {"epochs": 1, **hp}, **(family(**hp) if with_family else {})}
     done, job, out = launch(tmp_path, example, declared, python=python, runs=runs)
     r = done["deepfm"]["result"]

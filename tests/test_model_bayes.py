@@ -14,6 +14,7 @@ pairwise crosses is test_train.py's."""
 import pytest
 
 from ctrtrain.data.synth import SynthConfig, synthesize, synthesize_tfrecord
+from trainutil import made_once
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +29,8 @@ SLIM = dict(rows=300_000, feature_size=2_000, numeric_fields=0, categorical_fiel
 
 
 def slim_set(tmp_path_factory, name, **config):
-    root = tmp_path_factory.mktemp(name)
-    info = synthesize_tfrecord(root, SynthConfig(**SLIM, **config), shards={"train": 4},
-                               processes=2)
+    root, info = made_once(tmp_path_factory, name, lambda d: synthesize_tfrecord(
+        d, SynthConfig(**SLIM, **config), shards={"train": 4}, processes=2))
     return root / "tf", info
 
 
@@ -52,10 +52,10 @@ def history(tmp_path_factory):
     rows. DIN's gap after 2 epochs: 0.0068 and 0.0080 (seeds 0, 1; 20 s of CPU each). The
     Criteo layout (13 numeric, 26 categorical) needed 480,000 rows for 0.0075 at 69 s: its
     steps cost 4x for the same verdict (issue 51)."""
-    root = tmp_path_factory.mktemp("synth-history") / "data"
-    info = synthesize(root, SynthConfig(rows=400_000, feature_size=2_000, numeric_fields=0,
-                                        categorical_fields=8, sequence_fields=1), processes=2)
-    return root, info
+    root, info = made_once(tmp_path_factory, "synth-history", lambda d: synthesize(
+        d / "data", SynthConfig(rows=400_000, feature_size=2_000, numeric_fields=0,
+                                categorical_fields=8, sequence_fields=1), processes=2))
+    return root / "data", info
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +64,10 @@ def crosses3(tmp_path_factory):
     fewer triples, each learnable from the rows) whose logit has a third-order part beside
     the linear and pairwise ones; 400,000 training rows, 2,000 ids. After 2 epochs DCN-v2's
     gap 0.0079 and 0.0081 (seeds 0, 1), xDeepFM's 0.0083 and 0.0082, FM's 0.0196 both."""
-    root = tmp_path_factory.mktemp("synth-cross3")
-    info = synthesize_tfrecord(root, SynthConfig(rows=500_000, feature_size=2_000,
-                                                 numeric_fields=0, categorical_fields=9,
-                                                 cross3_std=1.2),
-                               shards={"train": 4}, processes=2)
+    root, info = made_once(tmp_path_factory, "synth-cross3", lambda d: synthesize_tfrecord(
+        d, SynthConfig(rows=500_000, feature_size=2_000, numeric_fields=0,
+                       categorical_fields=9, cross3_std=1.2),
+        shards={"train": 4}, processes=2))
     return root / "tf", info
 
 
@@ -79,12 +78,12 @@ def relevance(tmp_path_factory):
     what there is to learn. 8 categorical fields, 240,000 training rows: after 2 epochs DIN's
     gap 0.0028 and 0.0024 (seeds 0, 1), DeepFM's 0.0176 both (16 and 10 s of CPU; the Criteo
     layout took 90 s each for 0.0074 and 0.0237)."""
-    root = tmp_path_factory.mktemp("synth-relevance") / "data"
-    info = synthesize(root, SynthConfig(rows=300_000, feature_size=2_000, numeric_fields=0,
-                                        categorical_fields=8, sequence_fields=1, fm_std=0.0,
-                                        attention_std=2.5),
-                      processes=2)
-    return root, info
+    root, info = made_once(tmp_path_factory, "synth-relevance", lambda d: synthesize(
+        d / "data", SynthConfig(rows=300_000, feature_size=2_000, numeric_fields=0,
+                                categorical_fields=8, sequence_fields=1, fm_std=0.0,
+                                attention_std=2.5),
+        processes=2))
+    return root / "data", info
 
 
 def gap_to_bayes(data, info, tmp_path, model, epochs=1, **options):

@@ -419,12 +419,12 @@ def data(synth_data):
 @pytest.fixture(scope="module")
 def history_data(tmp_path_factory):
     """Declared fields with a history (S1, a sequence field), for DIN."""
-    d = tmp_path_factory.mktemp("history") / "data"
-    ctrtrain_here("data", "synth", "--out", d, "--rows", 12_000, "--feature-size", 2_000,
-                  "--seed", 5, "--numeric-fields", 1, "--categorical-fields", 4,
-                  "--sequence-fields", 1, "--sequence-len", 5, "--multi-hot-vocab", 300,
-                  "--files-per-split", 2, "--processes", 1)
-    return d
+    from trainutil import made_once
+    return made_once(tmp_path_factory, "history", lambda d: ctrtrain_here(
+        "data", "synth", "--out", d / "data", "--rows", 12_000, "--feature-size", 2_000,
+        "--seed", 5, "--numeric-fields", 1, "--categorical-fields", 4, "--sequence-fields", 1,
+        "--sequence-len", 5, "--multi-hot-vocab", 300, "--files-per-split", 2,
+        "--processes", 1))[0] / "data"
 
 
 @pytest.mark.slow
@@ -509,31 +509,27 @@ def assert_family_trained(done: dict, mode: str) -> None:
         assert export["numeric_input"] == small(name).get("numeric_input", "embedding"), name
 
 
-# Every model in both multi-process trainers (train/sync.py, train/ps.py), on the declared
-# fields (numeric, multi-hot bags, a history: conftest's `declared`): one job per trainer
-# trains the models in turn in the same processes (tests/jobs/train_each_model.py), since a
-# launch's start-up (3 to 8 TensorFlow processes) costs more than a model's few steps (issue
-# 28's budget). The parameter-server job also trains DeepFM on them for 2 epochs, its table
-# split over both servers. The other modes' jobs (mirrored, tf.data service, Horovod) train
-# the family beside the DeepFM they compare with one process (test_fields.py).
+# Every model in the parameter-server trainer (train/ps.py), on the declared fields (numeric,
+# multi-hot bags, a history: conftest's `declared`): one job trains the models in turn in the
+# same processes (tests/jobs/train_each_model.py), since a launch's start-up (3 to 8
+# TensorFlow processes) costs more than a model's few steps (issue 28's budget). It also
+# trains DeepFM on them for 2 epochs, its table split over both servers. The synchronous
+# trainer's jobs (all-reduce, mirrored, Horovod) train the family beside the DeepFM they
+# compare with one process (test_fields.py).
 @pytest.mark.slow
-@pytest.mark.parametrize("example", ["deepfm-parameter-server", "deepfm-allreduce"])
-def test_each_model_trains_in_a_multi_process_job(example, declared, tmp_path):
-    """Real launches: 2 all-reduce workers, or 2 workers and 2 parameter servers holding the
-    table in shards, each process configured by the recipe from what the job gives it."""
+def test_each_model_trains_in_a_parameter_server_job(declared, tmp_path):
+    """A real launch: 2 workers and 2 parameter servers holding the table in shards, each
+    process configured by the recipe from what the job gives it."""
     from test_distributed import launch
-    runs = family()
-    if example == "deepfm-parameter-server":     # the example's asynchronous learning rate
-        runs["deepfm-2-epochs"] = {"model": "deepfm", "epochs": 2, "batch_size": 256,
-                                   "learning_rate": 0.00035}
-    done = launch(tmp_path, example, declared, runs=runs)[0]
+    runs = {**family(), "deepfm-2-epochs": {"model": "deepfm", "epochs": 2, "batch_size": 256,
+                                            "learning_rate": 0.00035}}   # the example's rate
+    done = launch(tmp_path, "deepfm-parameter-server", declared, runs=runs)[0]
     assert list(done) == list(runs)
-    assert_family_trained(done, example.removeprefix("deepfm-").replace("-", "_"))
-    if example == "deepfm-parameter-server":
-        deepfm = done["deepfm-2-epochs"]
-        assert deepfm["export"]["model"] == "deepfm"
-        assert deepfm["start"]["table_shards"] == 2     # the table (numeric rows too) split
-        assert deepfm["result"]["test"]["auc"] > 0.65, deepfm["result"]["test"]
+    assert_family_trained(done, "parameter_server")
+    deepfm = done["deepfm-2-epochs"]
+    assert deepfm["export"]["model"] == "deepfm"
+    assert deepfm["start"]["table_shards"] == 2     # the table (numeric rows too) split
+    assert deepfm["result"]["test"]["auc"] > 0.65, deepfm["result"]["test"]
 
 
 def test_bench_train_refuses_a_variant_its_model_ignores(tmp_path):
