@@ -102,9 +102,15 @@ def finish(proc, timeout=600):
 
 @pytest.mark.slow
 def test_parameter_server_job_survives_a_killed_worker(tmp_path, data, single):
-    # Single-process runs stand in for undisturbed ones: every mode matches them within
-    # AUC_TOLERANCE (test_distributed.py).
+    # Single-process runs stand in for undisturbed ones (the mean of three seeds). The bar is
+    # twice test_distributed's: after the kill one worker trains on while the other's updates
+    # were asynchronous, and how far that lands depends on the machine's load. Measured on
+    # this data (2-core AMD): -0.0005 to -0.0025 in 5 runs alone and 6 runs two at a time;
+    # one CI run under the full suite's load -0.0063 (logloss 0.4642). AUC moves little with
+    # training on this easy set (20 steps of one process: 0.7760); the logloss tells a job
+    # that lost its training (20 steps: 0.5123; 2 epochs: 0.459-0.464, faulted runs included).
     undisturbed = single[256, 2]["test"]["auc"]
+    trained_logloss = single[256, 2]["test"]["logloss"]
     proc, run = start(tmp_path, "deepfm-parameter-server", data,
                       hyperparameters={**PS_HP, "log_every": 20})
     wait_for(lambda: events(run, "train"), proc)
@@ -122,7 +128,8 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path, data, single):
     r = json.loads((run / "model" / "result.json").read_text())
     # Every scheduled step ran (a step in flight on the dead worker may run twice).
     assert r["step"] >= r["total_steps"] == 250
-    assert abs(r["test"]["auc"] - undisturbed) < AUC_TOLERANCE, (r["test"], undisturbed)
+    assert abs(r["test"]["auc"] - undisturbed) < 2 * AUC_TOLERANCE, (r["test"], undisturbed)
+    assert r["test"]["logloss"] < trained_logloss + 0.02, (r["test"], trained_logloss)
     assert alive(run)[1] == []
     record("parameter_server: worker SIGKILLed", killed_after_step=at_step, steps=r["step"],
            total_steps=r["total_steps"], auc=r["test"]["auc"], undisturbed_auc=undisturbed,
