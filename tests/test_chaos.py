@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import cli, run_cli
 from test_distributed import AUC_TOLERANCE, channels
 from test_launch import spec_from_example
 
@@ -40,3 +40,20 @@ def test_chaos_allreduce_three_kills_including_a_host(tmp_path, data):
         assert run["left_behind"] == {"processes": [], "files": []}
     assert 0 < calm["start_up_s"] < calm["seconds"] and calm["checkpoint_interval_s"] > 0
     assert "seconds lost per fault" in r.stdout and "| steps |" in r.stdout
+
+
+def test_chaos_bench_deletes_only_its_own_runs(tmp_path, data):
+    """F31: the bench clears DIR/undisturbed and DIR/chaos before it runs; a user's files there
+    stay, and the bench refuses (exit 2) before launching anything, whatever the spec."""
+    work = tmp_path / "work"
+    for name in ("chaos", "undisturbed"):
+        (work / name).mkdir(parents=True)
+        (work / name / "notes.txt").write_text("mine\n")
+    code, out, err = cli("bench", "chaos", tmp_path / "missing.yaml", "--work-dir", work)
+    assert code == 2 and "missing.yaml does not exist" in err, err
+    spec = spec_from_example(tmp_path, "deepfm-allreduce", channels=channels(data))
+    code, out, err = cli("bench", "chaos", spec, "--work-dir", work)
+    assert code == 2 and f"{work / 'undisturbed'} exists and is not a run of this bench" in err
+    for name in ("chaos", "undisturbed"):
+        assert (work / name / "notes.txt").read_text() == "mine\n"
+    assert not (work / "undisturbed.log").exists()   # nothing launched

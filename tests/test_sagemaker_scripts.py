@@ -483,3 +483,18 @@ def test_mpi_applies_only_to_the_instance_groups_it_names(tmp_path):
     assert ran["host"] == "algo-1"
     assert json.loads(ranks[0]["env"]["SM_FRAMEWORK_PARAMS"])[
         "sagemaker_distribution_instance_groups"] == ["dnn_group"]
+
+
+def test_images_remove_refuses_names_that_leave_the_cache(tmp_path):
+    """F32: `images remove` deletes the image directory its two names point at; a name that
+    is not a version or a Python tag is refused (exit 2) and nothing outside the cache goes."""
+    cache, victim = tmp_path / "cache", tmp_path / "victim"
+    (cache / "images" / "tensorflow-2.14-py311").mkdir(parents=True)   # a built image
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine\n")
+    env = {"CTRTRAIN_CACHE": str(cache)}
+    for args in (["2.14", "--py-version", "py311/../../../victim"],
+                 ["../../victim", "--py-version", "py311"]):
+        r = run_cli("images", "remove", *args, env=env, check=False)
+        assert r.returncode == 2 and "expected" in r.stderr, (args, r.stderr)
+    assert (victim / "keep.txt").read_text() == "mine\n"

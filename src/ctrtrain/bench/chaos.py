@@ -32,12 +32,25 @@ from ..data.manifest import INCOMPLETE_NAME
 from ..errors import CtrError
 from ..launch.isolation import job_processes
 from ..launch.launcher import saved_step
+from ..launch.run_dir import RUN_MARKER
+from ..launch.spec import load_spec
 from ..progress import bar
 
 # A process's kind, from its label (<host>/<role>/<index>).
 KINDS = {"chief": "trainer", "worker": "trainer", "ps": "parameter server",
          "dispatcher": "dispatcher", "data_worker": "data worker", "train": "trainer"}
 LEFT_BEHIND = (".tmp", INCOMPLETE_NAME)
+
+
+def _clear_earlier_run(path: Path) -> None:
+    """Removes an earlier bench's run of that name; anything else there is the user's, and
+    refused: the bench deletes only what a launch made (its run marker), as `launch` does."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    if path.is_symlink() or not path.is_dir() or not (path / RUN_MARKER).is_file():
+        raise CtrError(f"{path} exists and is not a run of this bench (no {RUN_MARKER}); the "
+                       "bench writes its runs there: move it or choose another --work-dir")
+    shutil.rmtree(path)
 
 
 def _launch(spec: str, out: Path, retries: int | None) -> subprocess.Popen:
@@ -135,11 +148,11 @@ def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15
                     kinds=("trainer", "parameter server", "dispatcher", "data worker", "host"),
                     seed: int = 0, retries: int | None = None, json_path: str | None = None,
                     timeout: float = 3600) -> dict:
+    load_spec(spec)   # a spec that cannot run is refused before anything is touched
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     for name in ("undisturbed", "chaos"):
-        if (work / name).exists():
-            shutil.rmtree(work / name)
+        _clear_earlier_run(work / name)
     print(f"[chaos] undisturbed run of {spec} ...", flush=True)
     t0, launched = time.monotonic(), time.time()
     proc = _launch(spec, work / "undisturbed", retries)

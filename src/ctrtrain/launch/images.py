@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,14 @@ class Image:
 
 
 def image_dir(framework_version: str, py_version: str) -> Path:
-    """Where the image of a version built on demand lives."""
+    """Where the image of a version built on demand lives. Both names become a path that
+    `images remove` deletes: anything but a version (2.14) and a Python tag (py311) is
+    refused, so no name can lead outside the cache."""
+    if not re.fullmatch(r"\d+\.\d+", str(framework_version)):
+        raise ConfigError(f"framework_version {framework_version!r}: expected MAJOR.MINOR (2.14)")
+    if not re.fullmatch(r"py\d{2,3}", str(py_version)):
+        raise ConfigError(f"py_version {py_version!r}: expected py followed by the Python "
+                          "version's digits (py311)")
     return cache_dir("images") / f"tensorflow-{framework_version}-{py_version}"
 
 
