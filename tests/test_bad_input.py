@@ -509,3 +509,40 @@ def test_damaged_or_unreadable_models_and_files_are_named(tmp_path, data, model)
         assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, \
             (args, r.returncode, r.stderr[-2000:])
     assert not (tmp_path / "m").exists() and not (tmp_path / "p.csv").exists()
+
+
+def test_bags_are_bounded_before_anything_is_allocated(tmp_path):
+    """F29: every row's bag is padded to its field's max_len, so one long row made every batch
+    that wide (a 200,000-pair libffm row: training OOM-killed; a declared 1e9: 8.4 GB, no
+    step). Convert and featurize cap what they find at MAX_LEN_LIMIT and say so, a declaration
+    or --max-len above it is refused, and train refuses a batch of bags over half the memory
+    left, naming the field, before it allocates."""
+    from ctrtrain.data.schema import MAX_LEN_LIMIT
+    long = MAX_LEN_LIMIT + 2_000
+    ffm = tmp_path / "day.ffm"
+    ffm.write_text("1 0:1:1 1:2:1\n0 0:3:1 " + " ".join(f"1:{i}:1" for i in range(long)) + "\n")
+    code, out, err = cli("data", "convert", ffm, "--out", tmp_path / "ffm", "--shards", 1)
+    assert code == 0, err
+    assert f"a row holds {long:,} pairs; max_len set to {MAX_LEN_LIMIT:,}" in out
+    assert f"f1: 1 rows hold more than max_len {MAX_LEN_LIMIT}" in out
+    m = json.loads((tmp_path / "ffm" / "manifest.json").read_text())
+    assert m["fields"][1]["max_len"] == MAX_LEN_LIMIT and m["records"] == 2
+    refused("train", "--train", tmp_path / "ffm", "--batch-size", 1 << 20,
+            "--model-dir", tmp_path / "m", match="field f1: a batch's bags need about")
+    assert not (tmp_path / "m" / "checkpoint").exists()
+
+    fields = m["fields"]
+    fields[1]["max_len"] = 1_000_000_000
+    refused("data", "index", tmp_path / "ffm", "--fields", json.dumps(fields), "--overwrite",
+            match="f1: max_len 1,000,000,000 is over 10,000 ids a row")
+
+    csv = tmp_path / "day.csv"
+    csv.write_text("label,tags\n1,a|b\n0," + "|".join(f"t{i}" for i in range(long)) + "\n")
+    code, out, err = cli("data", "featurize", csv, "--out", tmp_path / "f", "--multi-hot",
+                         "tags", "--min-count", 1)
+    assert code == 0 and f"column tags: a cell holds {long:,} values" in out, err
+    assert json.loads((tmp_path / "f" / "manifest.json").read_text())["fields"][0][
+        "max_len"] == MAX_LEN_LIMIT
+    refused("data", "featurize", csv, "--out", tmp_path / "g", "--multi-hot", "tags",
+            "--max-len", 20_000, match="--max-len 20,000 is over 10,000 ids a row")
+    assert not (tmp_path / "g").exists()

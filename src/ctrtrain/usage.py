@@ -42,3 +42,24 @@ def parse_usages(text: str) -> list[dict]:
             except ValueError:
                 continue
     return out
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still take: the machine's MemAvailable, or less where a cgroup
+    (a container's memory limit) allows less; None where neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            current = int(f.read().strip())
+        if limit != "max":
+            found.append(max(0, int(limit) - current))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None

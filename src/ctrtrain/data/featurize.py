@@ -46,6 +46,7 @@ import pandas as pd
 from ..errors import DataError
 from .libsvm import Rows
 from .raw import ColumnRoles, RawChunk, RawSchema, read_raw, sniff_format
+from .schema import MAX_LEN_LIMIT
 
 VOCAB_NAME = "vocab.json"
 NUMERIC_TRANSFORMS = ("log", "standard", "log-standard", "minmax", "none")
@@ -393,6 +394,9 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
         return read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
                         label_column=label_column, roles=roles,
                         label_threshold=label_threshold, **kw)
+    if max_len is not None and max_len > MAX_LEN_LIMIT:
+        raise DataError(f"--max-len {max_len:,} is over {MAX_LEN_LIMIT:,} ids a row (each row "
+                        "is padded to it: every batch would be that wide)", path=", ".join(paths))
     if hash_buckets and roles.shared:
         raise DataError("--share-vocab gives a column another's vocabulary: not with "
                         "--hash-buckets (each hashed field has ids of its own)",
@@ -431,7 +435,12 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
                         items[v] += c
     if schema is None:
         raise DataError("no rows to build a vocabulary from", path=", ".join(paths))
-    lens = {c: min(longest.get(c, 1), max_len or longest.get(c, 1)) for c in schema.lists}
+    lens = {c: min(longest.get(c, 1), max_len or MAX_LEN_LIMIT) for c in schema.lists}
+    for c in schema.lists:
+        if max_len is None and longest.get(c, 1) > MAX_LEN_LIMIT:
+            print(f"warning: column {c}: a cell holds {longest[c]:,} values; max_len set to "
+                  f"{MAX_LEN_LIMIT:,} (every row is padded to it: --max-len to choose less), "
+                  "longer cells are kept in the file and cut when read")
     stats = column_statistics(sums, schema.numeric) if scaled else {}
     edges = {}
     if sample is not None:      # the quantiles of the raw values, written as the values are

@@ -23,7 +23,7 @@ import re
 import numpy as np
 
 from .libsvm import _NUMBER, FLOAT32_MAX, LABEL_FORMATS, MAX_EXACT_ID, BadRow
-from .schema import Field, FieldRows, Schema
+from .schema import MAX_LEN_LIMIT, Field, FieldRows, Schema
 
 # More is a sign of another format (or a typo), not of libffm data (Criteo's has 39 fields);
 # it also bounds the [rows, fields] count block a worker holds (200 MB at most).
@@ -143,14 +143,21 @@ class FieldStats:
                           np.maximum(pad(self.most), pad(other.most)),
                           pad(self.weighted) | pad(other.weighted))
 
-    def declare(self) -> Schema:
+    def declare(self, say=print) -> Schema:
+        """The fields; a bag's max_len is the most pairs a row holds, at most MAX_LEN_LIMIT
+        (longer rows are cut when read and counted, and `say` tells which field)."""
         fields = []
         for j in range(len(self.most)):
             if self.fewest[j] == self.most[j] == 1 and not self.weighted[j]:
                 fields.append(Field(field_name(j)))
-            else:
-                fields.append(Field(field_name(j), "multi_hot", max(1, int(self.most[j])), "sum",
-                                    bool(self.weighted[j])))
+                continue
+            most = max(1, int(self.most[j]))
+            if most > MAX_LEN_LIMIT:
+                say(f"warning: field {j} ({field_name(j)}): a row holds {most:,} pairs; max_len "
+                    f"set to {MAX_LEN_LIMIT:,} (every row is padded to it), longer rows are cut "
+                    "when read and counted in the manifest")
+                most = MAX_LEN_LIMIT
+            fields.append(Field(field_name(j), "multi_hot", most, "sum", bool(self.weighted[j])))
         return Schema(tuple(fields))
 
 

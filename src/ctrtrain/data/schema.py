@@ -51,6 +51,12 @@ POOLINGS = ("sum", "mean", "sqrtn")
 WEIGHTS_SUFFIX = "__w"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 _RESERVED = {"label", "ids", "values"}
+# The most ids a row of one bag field is read with. Every row is padded to max_len, so one
+# over-long row would make every batch that large (a declared 1e9, one libffm row of 200,000
+# pairs: gigabytes a batch, no step); convert and featurize cap what they find at this and
+# say so, a declaration above it is refused. CTR bags (genres, tags, a history) hold tens to
+# hundreds; the trainer checks a batch's bags against memory besides (bag_batch_bytes).
+MAX_LEN_LIMIT = 10_000
 
 
 def field_name_ok(name: str) -> bool:
@@ -110,6 +116,11 @@ class Schema:
     def bag_width(self) -> int:
         return sum(f.max_len for f in self.lists())
 
+    def bag_batch_bytes(self, batch_size: int, embedding_size: int) -> int:
+        """What a batch's bags take in memory at least: ids, weights, and the gathered
+        embeddings with their gradient, float32 (the padded [batch, bag_width] form)."""
+        return batch_size * self.bag_width * (8 + 4 + 2 * 4 * embedding_size)
+
     def to_json(self) -> list[dict]:
         return [f.to_json() for f in self.fields]
 
@@ -156,6 +167,9 @@ class Schema:
             if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
                 raise bad(i, f"a {kind} field needs max_len, a positive integer "
                           f"(not {max_len!r})")
+            if max_len > MAX_LEN_LIMIT:
+                raise bad(i, f"{name}: max_len {max_len:,} is over {MAX_LEN_LIMIT:,} ids a row "
+                          "(each row is padded to it: every batch would be that wide)")
             if pooling not in POOLINGS:
                 raise bad(i, f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
             if not isinstance(weighted, bool):

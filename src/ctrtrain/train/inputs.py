@@ -51,7 +51,26 @@ def check_data(cfg: TrainConfig):
             check_checksums(o, root)
     resolve_table_updates(cfg, feature_size)
     resolve_shuffle_buffer(cfg, m)
+    if m.schema is not None:
+        check_bag_memory(m.schema, cfg.batch_size, cfg.embedding_size,
+                         "fields" if cfg.input_mode == "Pipe" else describe_source(cfg.train_dir))
     return m, feature_size
+
+
+def check_bag_memory(schema, batch_size: int, embedding_size: int, where: str) -> None:
+    """Every row's bags are padded to max_len: refused before anything is allocated when a
+    batch of them would take more than half the memory left (a process grows to it with no
+    step, then is killed)."""
+    from ..usage import available_memory
+    need, free = schema.bag_batch_bytes(batch_size, embedding_size), available_memory()
+    if free is None or need <= free // 2:
+        return
+    widest = max(schema.lists(), key=lambda f: f.max_len)
+    raise DataError(f"a batch's bags need about {need / 2**30:.1f} GiB (batch_size {batch_size} "
+                    f"x {schema.bag_width:,} bag ids a row x embedding_size {embedding_size}; "
+                    f"max_len {widest.max_len:,} here), over half the "
+                    f"{free / 2**30:.1f} GiB of memory left: lower max_len (featurize --max-len) "
+                    "or batch_size", path=where, field=widest.name)
 
 
 EVAL_CHECKSUM_BYTES = 512 << 20
