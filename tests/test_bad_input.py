@@ -546,3 +546,29 @@ def test_bags_are_bounded_before_anything_is_allocated(tmp_path):
     refused("data", "featurize", csv, "--out", tmp_path / "g", "--multi-hot", "tags",
             "--max-len", 20_000, match="--max-len 20,000 is over 10,000 ids a row")
     assert not (tmp_path / "g").exists()
+
+
+def test_a_declared_field_the_records_lack_is_refused(tmp_path):
+    """F30: TensorFlow reads a bag feature that a record lacks as an empty bag, so a
+    declaration naming `tagz` where the records hold `tags` trained on nothing in that field
+    (index, validate, train: exit 0). Each refuses, naming the field."""
+    csv = tmp_path / "day.csv"
+    csv.write_text("label,user,tags\n" + "".join(
+        f"{i % 2},u{i % 7},a|b{i % 3}\n" for i in range(60)))
+    code, out, err = cli("data", "featurize", csv, "--out", tmp_path / "f", "--multi-hot",
+                         "tags", "--min-count", 1)
+    assert code == 0, err
+    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    fields = [dict(f, name="tagz") if f["name"] == "tags" else f for f in m["fields"]]
+    records = tmp_path / "records"
+    records.mkdir()
+    for f in m["files"]:
+        shutil.copy(tmp_path / "f" / f["path"], records / f["path"])
+    refused("data", "index", records, "--fields", json.dumps(fields),
+            match="the declared fields ['tagz'] are not in the records")
+    assert not (records / "manifest.json").exists()
+    # A manifest edited by hand: validate and train name it too.
+    (tmp_path / "f" / "manifest.json").write_text(json.dumps({**m, "fields": fields}))
+    refused("data", "validate", tmp_path / "f", match="['tagz'] are not in the records")
+    refused("train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m",
+            match="['tagz'] are not in the records")

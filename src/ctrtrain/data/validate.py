@@ -71,6 +71,7 @@ def file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
     on (a corrupt or cut TFRecord) raises a DataError naming the record. With declared fields
     (`schema`), the good rows are FieldRows of their labels and id columns."""
     if schema is not None:
+        check_declared_keys(path, schema, compression)
         yield from _declared_rows(path, schema, feature_size, compression)
         return
     if fmt == "libsvm":
@@ -99,6 +100,33 @@ def file_rows(path: str, *, fmt: str, field_size: int, feature_size: int | None,
             bad.append(DataError(what, path=path, record=n + int(i)))
         yield Rows(rows.labels[ok], rows.ids[ok], rows.values[ok]), bad
         n += len(rows)
+
+
+def check_declared_keys(path: str, schema, compression: str | None) -> None:
+    """The file's first record holds a feature for every declared field. A bag is read with
+    TensorFlow's RaggedFeature, for which a missing key is an empty bag: a declaration naming
+    `M1x` where the records hold `M1` would train on nothing in that field, everywhere. Every
+    ctrtrain writer writes each declared key, an empty bag as an empty list."""
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.example import example_pb2
+
+    from .schema import WEIGHTS_SUFFIX
+    from .tfrecord import tf_compression
+    try:
+        first = [r.numpy() for r in tf.data.TFRecordDataset(path, tf_compression(compression))
+                 .take(1)]
+        held = {k for r in first for k in example_pb2.Example.FromString(r).features.feature}
+    except (tf.errors.OpError, ValueError, DecodeError):
+        return      # a damaged record: named where the file is read (_declared_rows)
+    if first:
+        wanted = {"label", *(f.name for f in schema.fields),
+                  *(f.name + WEIGHTS_SUFFIX for f in schema.fields if f.weighted)}
+        missing = sorted(wanted - held)
+        if missing:
+            raise DataError(f"the declared fields {missing} are not in the records (the first "
+                            f"holds {sorted(held)}): check the declaration's names",
+                            path=path, record=0)
 
 
 def _declared_rows(path: str, schema, feature_size: int | None, compression: str | None):

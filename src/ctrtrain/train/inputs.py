@@ -30,7 +30,8 @@ def check_data(cfg: TrainConfig):
             m.schema.check_ids(cfg.feature_size, "fields")
     else:
         # A directory, files or globs; without a manifest, indexed now.
-        m, _ = resolve_source(cfg.train_dir)
+        m, root = resolve_source(cfg.train_dir)
+        check_first_record(m, root)
     feature_size = cfg.feature_size or m.feature_size
     if feature_size < m.feature_size:
         raise ConfigError(f"feature_size {feature_size} is smaller than the data's {m.feature_size}")
@@ -49,6 +50,7 @@ def check_data(cfg: TrainConfig):
                                 "every split with `--like <train dir>`, or give --feature-size)",
                                 path=describe_source(other))
             check_checksums(o, root)
+            check_first_record(o, root)
     resolve_table_updates(cfg, feature_size)
     resolve_shuffle_buffer(cfg, m)
     if m.schema is not None:
@@ -74,6 +76,13 @@ def check_bag_memory(schema, batch_size: int, embedding_size: int, where: str) -
 
 
 EVAL_CHECKSUM_BYTES = 512 << 20
+
+
+def check_first_record(m, directory) -> None:
+    """Declared fields the records do not hold would be read as empty bags: refused."""
+    if m.schema is not None and m.files:
+        from ..data.validate import check_declared_keys
+        check_declared_keys(m.paths(directory)[0], m.schema, m.compression)
 
 
 def positive_rate(m) -> float | None:
