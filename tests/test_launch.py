@@ -338,6 +338,10 @@ def test_second_reader_of_a_fifo_is_an_error_not_a_hang(tmp_path):
     (lambda s: s["instance_groups"][0].update(name="a/../../b"), "must be a simple name"),
     (lambda s: (s["channels"]["training"].update(input_mode="Pipe"),
                 s["instance_groups"][0].update(processes_per_host=2)), "cannot share 1 Pipe channel"),
+    (lambda s: s.update(framework_version=2.10, distribution={"mode": "single"}),
+     "framework_version: 2.1 is a number: quote it ('2.10')"),
+    (lambda s: s.update(framework_version="2.9-gpu", distribution={"mode": "single"}),
+     "framework_version: '2.9-gpu' is not a TensorFlow 2 release"),
 ])
 def test_invalid_specs_name_the_key(tmp_path, mutate, message):
     (tmp_path / "d").mkdir()
@@ -355,6 +359,16 @@ def test_invalid_specs_name_the_key(tmp_path, mutate, message):
             "channels": {"training": "empty"}, "output_dir": "run"}
     with pytest.raises(ConfigError, match="is empty"):
         parse_spec(spec, base=tmp_path)
+
+
+def test_framework_versions_as_the_sdk_writes_them(tmp_path):
+    """The SDK takes a release (2.9.1) as well as a series (2.9): both name the series' image."""
+    (tmp_path / "t.py").write_text("")
+    for version in ("2.9", "2.9.1"):
+        spec = parse_spec({"name": "x", "entry_point": {"script": "t.py"},
+                           "instance_groups": [{"name": "g"}], "framework_version": version,
+                           "output_dir": "run"}, base=tmp_path)
+        assert spec.framework_version == "2.9"
 
 
 def test_yaml_is_parsed_safely(tmp_path):

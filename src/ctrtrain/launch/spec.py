@@ -220,11 +220,17 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
 
     framework_version = raw.get("framework_version")
     if framework_version is not None:
-        framework_version = str(framework_version)
-        # Whether pip can install it here is checked at launch (image_build.py).
-        _expect(re.fullmatch(r"2\.\d+", framework_version) is not None, "framework_version",
-                f"{_show(framework_version)} is not a TensorFlow 2 release series such as "
-                f"{' or '.join(FRAMEWORK_VERSIONS)}")
+        # YAML reads an unquoted 2.10 as the number 2.1: a number is refused, not guessed at.
+        _expect(isinstance(framework_version, str), "framework_version",
+                f"{_show(framework_version)} is a number: quote it ('2.10'), as YAML reads "
+                "2.10 as 2.1")
+        # Whether pip can install it here is checked at launch (image_build.py). The SDK's
+        # patch versions (2.9.1) name their series' image, which holds its newest patch.
+        series = re.fullmatch(r"(2\.\d+)(\.\d+)?", framework_version)
+        _expect(series is not None, "framework_version",
+                f"{_show(framework_version)} is not a TensorFlow 2 release such as "
+                f"{' or '.join(FRAMEWORK_VERSIONS)} (or 2.14.1)")
+        framework_version = series.group(1)
     dist = raw.get("distribution", {"mode": "single"}) or {"mode": "single"}
     if isinstance(dist, str):
         dist = {"mode": dist}
