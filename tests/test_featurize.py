@@ -74,6 +74,14 @@ def test_bad_numeric_field_is_named(tmp_path):
     r = run_cli("data", "featurize", p, "--out", tmp_path / "o", check=False)
     assert r.returncode == 2 and "line 2" in r.stderr and "I2" in r.stderr
     assert not (tmp_path / "o").exists()
+    # F39: 'inf' and 1e400 (past float64) were written as 709.78 while 'nan' was refused:
+    # every non-finite cell is refused, named by line and column.
+    for cell, what in (("nan", "'nan' is not a number"), ("inf", "'inf' is not finite"),
+                       ("1e400", "'1e400' is not finite"), ("-inf", "'-inf' is not finite")):
+        p.write_text(good + "\n" + bad.replace("x7", cell) + "\n")
+        with pytest.raises(DataError, match=what) as e:
+            build_vocabulary([str(p)], min_count=1)
+        assert e.value.line == 2 and e.value.field == "I2"
 
 
 def test_cli_featurize_then_convert_carries_the_vocabulary(shared, tmp_path):

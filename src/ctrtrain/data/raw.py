@@ -185,11 +185,13 @@ def _to_chunk(frame: pd.DataFrame, schema: RawSchema, path: str, line: int,
     for j, col in enumerate(schema.numeric):
         text = frame[col]
         num = pd.to_numeric(text, errors="coerce").to_numpy(np.float64)
-        bad = np.isnan(num) & (text.to_numpy() != "")
+        # An empty cell is a missing value; 'nan', 'inf' and 1e400 (past float64) are not
+        # values a transform can use: refused alike, naming the cell.
+        bad = (np.isnan(num) & (text.to_numpy() != "")) | np.isinf(num)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{text.iloc[i]!r} is not a number", path=path, line=line + i,
-                            field=col)
+            what = "is not finite" if np.isinf(num[i]) else "is not a number"
+            raise DataError(f"{text.iloc[i]!r} {what}", path=path, line=line + i, field=col)
         numeric[:, j] = num
     categorical = frame[schema.categorical].to_numpy(dtype=object) if schema.categorical \
         else np.empty((len(frame), 0), object)
