@@ -342,6 +342,34 @@ def test_a_process_that_exits_2_is_not_retried(tmp_path):
     assert (run / "attempts.txt").read_text() == "1"
 
 
+def test_retries_stop_where_another_attempt_cannot_pass(tmp_path):
+    """F36: a script that exits 1 at start-up was retried all max_retry_attempts times; a
+    hanging one with time_limit 5 and 3 retries ran 4 x 5 s; a watchdog stop was retried. The
+    time limit bounds the whole job (SageMaker's MaxRuntime), a time-limit or watchdog stop is
+    not retried, nor a second attempt in a row that failed on its own with no new checkpoint;
+    job.json says why."""
+    run = tmp_path / "run"
+    spec = script_job(tmp_path, dies_until(run, 0, "raise SystemExit(1)"), max_retry_attempts=5)
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "not retried: two attempts in a row" in r.stdout, r.stdout
+    job = json.loads((run / "job.json").read_text())
+    assert job["state"] == "failed" and len(job["attempts"]) == 2
+    assert "before any new checkpoint" in job["attempts"][-1]["not_retried"]
+
+    for name, over, said in (("late", {"time_limit": 3}, "time limit of 3 s reached"),
+                             ("hung", {"watchdog": 2}, "no progress for 2 s")):
+        out = tmp_path / name
+        spec = script_job(tmp_path, dies_until(out, 0, "import time\ntime.sleep(60)"),
+                          name=name, output_dir=str(out), max_retry_attempts=3, **over)
+        t = time.monotonic()
+        r = run_cli("launch", spec, check=False)
+        assert r.returncode == 2 and said in r.stderr, r.stderr[-2000:]
+        assert time.monotonic() - t < 30
+        job = json.loads((out / "job.json").read_text())
+        assert len(job["attempts"]) == 1 and (out / "attempts.txt").read_text() == "1"
+        assert job["attempts"][0]["not_retried"] == "another attempt cannot get past this failure"
+
+
 def test_launch_max_retry_attempts_overrides_the_spec(tmp_path):
     run = tmp_path / "run"
     spec = script_job(tmp_path, dies_until(run, 1, "print('done', flush=True)"))

@@ -87,8 +87,8 @@ def launch(spec: JobSpec, console: bool = True, cores: int | None = None,
     run_dir = Path(spec.output_dir)
     lock = claim_run_dir(run_dir, spec)
     try:
-        return _with_retries(spec, run_dir, lambda: _launch(spec, run_dir, console, cores,
-                                                            containers))
+        return _with_retries(spec, run_dir, lambda limit: _launch(spec, run_dir, console, cores,
+                                                                  containers, limit))
     finally:
         lock.close()
 
@@ -115,21 +115,40 @@ def _with_retries(spec: JobSpec, run_dir: Path, attempt) -> dict:
     in a way another attempt may get past (JobFailed.retryable) and max_retry_attempts allows,
     again after a short backoff: the recipe resumes from the shared checkpoints. job.json
     lists every attempt (when it started, cause, step resumed from, step reached, seconds) and
-    the final state."""
+    the final state. `attempt(time_limit)`: the job's time_limit bounds all attempts together
+    (SageMaker's MaxRuntime), each is given what is left.
+
+    Not retried: a failure JobFailed marks final (bad input, the time limit, a hang), and an
+    attempt that failed on its own (a process's non-zero exit, not a signal) with no new
+    checkpoint when the attempt before it did the same: a script that fails at start-up fails
+    every time. A killed process (a fault, a lost host) is retried whatever it reached."""
     attempts = []
+    job_began = time.monotonic()
     while True:
         began, resumed = time.time(), saved_step(run_dir / "checkpoints")
         entry = {"attempt": len(attempts) + 1, "started": round(began, 3),
                  "resumed_from_step": resumed}
+        left = spec.time_limit - (time.monotonic() - job_began) if spec.time_limit else None
         try:
-            attempt()
+            attempt(left)
         except JobFailed as failure:
             entry.update(cause=str(failure).splitlines()[0], seconds=round(time.time() - began, 1),
-                         step_reached=saved_step(run_dir / "checkpoints"))
+                         step_reached=saved_step(run_dir / "checkpoints"),
+                         no_progress=failure.exited_by_itself and
+                         saved_step(run_dir / "checkpoints") == resumed)
             attempts.append(entry)
-            final = not failure.retryable or len(attempts) > spec.max_retry_attempts
+            stuck = entry["no_progress"] and len(attempts) > 1 and attempts[-2]["no_progress"]
+            final = (not failure.retryable or stuck
+                     or len(attempts) > spec.max_retry_attempts)
+            if stuck:
+                entry["not_retried"] = ("two attempts in a row failed on their own before any "
+                                        "new checkpoint: another would fail the same")
+            elif final and failure.retryable is False and len(attempts) <= spec.max_retry_attempts:
+                entry["not_retried"] = "another attempt cannot get past this failure"
             _record_attempts(run_dir, attempts, "failed" if final else "retrying")
             if final:
+                if "not_retried" in entry and spec.max_retry_attempts:
+                    print(f"[launcher] not retried: {entry['not_retried']}", flush=True)
                 raise
             print(f"[launcher] attempt {len(attempts)} failed ({entry['cause']}); starting "
                   f"again from step {entry['step_reached'] or 0} in {RETRY_BACKOFF_S:g} s "
@@ -158,7 +177,7 @@ def _record_attempts(run_dir: Path, attempts: list[dict], state: str) -> dict:
 
 
 def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
-            containers: bool) -> dict:
+            containers: bool, time_limit: float | None = None) -> dict:
     prepare_run(spec, run_dir)
     cores = cores or os.cpu_count() or 1
     hosts = [h for h, _ in spec.topology.host_names()]
@@ -183,8 +202,10 @@ def _launch(spec: JobSpec, run_dir: Path, console: bool, cores: int | None,
 
     channel_modes = {c.name: c.as_dict() for c in spec.channels.values()}
     data_hosts = {p.host for p in procs if p.role == "data_worker"} if containers else set()
-    sup = Supervisor(run_dir / "logs", console=console, time_limit=spec.time_limit,
-                     watchdog=spec.watchdog)
+    if time_limit is not None and time_limit <= 0:
+        raise JobFailed(f"time limit of {spec.time_limit:g} s reached (over all attempts)")
+    sup = Supervisor(run_dir / "logs", console=console, time_limit=time_limit,
+                     watchdog=spec.watchdog, job_time_limit=spec.time_limit)
     if sup.pid_file.exists():
         sup.pid_file.unlink()
     # PIDs in logs/pids are this namespace's when the job has its own (isolation.host_pid).
@@ -309,7 +330,9 @@ def _report(spec, run_dir, hosts, procs, image, outcome, seconds, warnings) -> d
         msg = "\n".join([f"job {spec.name} failed: {outcome.reason}", *outcome.tail] +
                         (["--- /opt/ml/output/failure ---", first.strip()[-2000:]]
                          if first and framework else []))
-        raise JobFailed(msg, retryable=2 not in outcome.exit_codes.values())
+        failed_code = outcome.exit_codes.get(outcome.failed)
+        raise JobFailed(msg, retryable=outcome.retryable and 2 not in outcome.exit_codes.values(),
+                        exited_by_itself=failed_code is not None and failed_code > 0)
     return summary
 
 

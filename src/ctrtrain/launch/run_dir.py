@@ -20,9 +20,12 @@ class JobFailed(CtrError):
     from the checkpoints may get past (max_retry_attempts); not when the job never started, or
     a process exited 2 (its input or settings are wrong: another attempt fails the same)."""
 
-    def __init__(self, message: str, retryable: bool = False):
+    def __init__(self, message: str, retryable: bool = False, exited_by_itself: bool = False):
         super().__init__(message)
         self.retryable = retryable
+        # The failed process ended with a non-zero status of its own (not a signal): what
+        # the same code on the same input tends to do again.
+        self.exited_by_itself = exited_by_itself
 
 
 RUN_MARKER = "ctrtrain-run.json"

@@ -77,15 +77,21 @@ class JobOutcome:
     tail: list[str] = dataclasses.field(default_factory=list)
     tolerated: list[dict] = dataclasses.field(default_factory=list)
     stopped: bool = False       # ended from outside (a signal to the launcher), not failed
+    # False where another attempt cannot do better: the job's time is up (the time limit
+    # bounds the whole job, as SageMaker's MaxRuntime), or it hung (the watchdog).
+    retryable: bool = True
 
 
 class Supervisor:
     def __init__(self, log_dir: Path, console=True, time_limit: float | None = None,
                  watchdog: float | None = None, grace: float = 5.0, tail_lines: int = 30,
-                 stopped_limit: float = STOPPED_LIMIT_S):
+                 stopped_limit: float = STOPPED_LIMIT_S, job_time_limit: float | None = None):
+        """`time_limit`: seconds this run may take; `job_time_limit`: the limit it is what is
+        left of (a retried job's), named when it is reached."""
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.console, self.time_limit, self.watchdog = console, time_limit, watchdog
+        self.job_time_limit = job_time_limit or time_limit
         self.stopped_limit = stopped_limit
         self.grace, self.tail_lines = grace, tail_lines
         self.procs: list[Managed] = []
@@ -193,7 +199,8 @@ class Supervisor:
                                       "while training was running", m)
                 now = time.monotonic()
                 if self.time_limit and now - start > self.time_limit:
-                    return self._fail(f"time limit of {self.time_limit:g} s reached", None)
+                    return self._fail(f"time limit of {self.job_time_limit:g} s reached", None,
+                                      retryable=False)
                 stopped = self._stopped(now)
                 if stopped is not None:
                     return self._fail(f"{stopped.label} has been stopped (SIGSTOP or a debugger) "
@@ -208,7 +215,8 @@ class Supervisor:
                         states = ", ".join(f"{m.label} [{_state(m.proc.pid)}]" for m in quiet)
                         return self._fail(
                             f"no progress for {self.watchdog:g} s (no output or training "
-                            f"heartbeat from {states}): stuck, torn down", quiet[0], stuck=quiet)
+                            f"heartbeat from {states}): stuck, torn down", quiet[0], stuck=quiet,
+                            retryable=False)
                 time.sleep(0.1)
         except KeyboardInterrupt:
             self._teardown()
@@ -247,7 +255,8 @@ class Supervisor:
     def _codes(self):
         return {m.label: m.returncode for m in self.procs}
 
-    def _fail(self, reason: str, who: Managed | None, stuck=None) -> JobOutcome:
+    def _fail(self, reason: str, who: Managed | None, stuck=None,
+              retryable: bool = True) -> JobOutcome:
         tails = []
         for m in ([who] if who else []) + [s for s in (stuck or []) if s is not who]:
             # The last lines: an exited process's pump ends at the end of its output (a
@@ -258,7 +267,7 @@ class Supervisor:
             tails += [f"--- last lines of {m.label} ({m.log_path}) ---", *list(m.tail)]
         self._teardown()
         return JobOutcome(False, reason, self._codes(), who.label if who else None, tails,
-                          tolerated=self.tolerated)
+                          tolerated=self.tolerated, retryable=retryable)
 
     def _teardown(self):
         live = [m for m in self.procs if m.proc.poll() is None]
