@@ -572,3 +572,28 @@ def test_a_declared_field_the_records_lack_is_refused(tmp_path):
     refused("data", "validate", tmp_path / "f", match="['tagz'] are not in the records")
     refused("train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m",
             match="['tagz'] are not in the records")
+
+
+def test_resume_refuses_an_edited_field_declaration(tmp_path):
+    """F33: a manifest's declaration edited between runs (pooling, max_len, sequence to
+    multi_hot) resumed and exported a model that predict and --valid then refuse: the same
+    files read into another model. Refused on resume, naming the field and both forms."""
+    csv = tmp_path / "day.csv"
+    csv.write_text("label,user,tags\n" + "".join(
+        f"{i % 2},u{i % 7},a|b{i % 3}\n" for i in range(200)))
+    code, out, err = cli("data", "featurize", csv, "--out", tmp_path / "f", "--sequence",
+                         "tags", "--min-count", 1)
+    assert code == 0, err
+    base = ["train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m", "--quiet",
+            "--batch-size", 32, "--checkpoint-every", 2, "--no-export"]
+    code, out, err = cli(*base, "--steps", 4)
+    assert code == 0, err
+    path = tmp_path / "f" / "manifest.json"
+    m = json.loads(path.read_text())
+    for edit in ({"kind": "multi_hot", "pooling": "sum"}, {"pooling": "sum"}, {"max_len": 9}):
+        fields = [dict(f, **edit) if f["name"] == "tags" else f for f in m["fields"]]
+        path.write_text(json.dumps({**m, "fields": fields}))
+        refused(*base, "--steps", 8, match="declared field tags as kind=sequence")
+    path.write_text(json.dumps(m))
+    code, out, err = cli(*base, "--steps", 8)
+    assert code == 0 and "resuming from the checkpoint at step 4" in out, (out, err)

@@ -26,7 +26,8 @@ RUN_FILES = ("checkpoints", "logs", "export", BEST, METRICS, RESULT, CONFIG, CON
 
 
 def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
-                       write: bool = True, train_data: str | None = None) -> Path:
+                       write: bool = True, train_data: str | None = None,
+                       fields: list | None = None) -> Path:
     """Checks that the directory can be written and that a run already in it can be resumed:
     the same shapes, and the same data position settings (batch size, seed, shuffle, mode,
     training data), without which a resumed run would skip to the wrong batches. --fresh
@@ -59,7 +60,8 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
         raise ConfigError(f"model directory {md} has {free / 2**20:,.0f} MB free; checkpoints of "
                           f"this model need about {need / 2**20:,.0f} MB")
     record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("threads", "read_plan")}
-    record.update(feature_size=feature_size, field_size=field_size, train_data=train_data)
+    record.update(feature_size=feature_size, field_size=field_size, train_data=train_data,
+                  fields=fields)
     # As JSON holds them (tuples are lists), so that a record compares with the one read back.
     record = {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
     prev = md / CONFIG
@@ -81,10 +83,30 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
                     f"{md} holds checkpoints of a run with {k}={_brief(old[k])}, not "
                     f"{_brief(record[k])}: resuming would continue at the wrong {what}. Use the "
                     "same setting, another --model-dir, or --fresh to start over")
+        _check_same_fields(md, old.get("fields"), fields)
     prev.write_text(json.dumps(record, indent=2) + "\n")
     from .config import resolved_yaml
     (md / CONFIG_YAML).write_text(resolved_yaml(cfg))   # `ctrtrain train --config` re-runs it
     return md
+
+
+def _check_same_fields(md: Path, old: list | None, new: list | None) -> None:
+    """A declaration edited between runs (a field's pooling, max_len or kind) reads the same
+    files into other tensors: the checkpoints' model would be trained on, and exported for,
+    data that predict and --valid then refuse. (Runs from before this was recorded: None.)"""
+    if old is None or old == new:
+        return
+    before = {f["name"]: f for f in old}
+    after = {f["name"]: f for f in new or []}
+    changed = [n for n in {**before, **after} if before.get(n) != after.get(n)]
+    name = changed[0] if changed else "?"
+
+    def said(f):
+        return "nothing" if f is None else " ".join(f"{k}={v}" for k, v in f.items() if k != "name")
+    raise ConfigError(f"{md} holds checkpoints of a run whose training data declared field "
+                      f"{name} as {said(before.get(name))}, not {said(after.get(name))}: "
+                      "the same files would be read into another model. Use the same "
+                      "declaration, another --model-dir, or --fresh to start over")
 
 
 def _brief(v) -> str:

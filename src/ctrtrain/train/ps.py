@@ -130,7 +130,7 @@ def train_parameter_server(cfg, threads) -> dict:
     total_steps = planned_steps(cfg, m.records, cfg.batch_size, f"batch_size {cfg.batch_size}")
     schedule = schedule_of(cfg, total_steps, m.records, cfg.batch_size)
     md = prepare_model_dir(cfg, feature_size, m.field_size,
-                           train_data=data_fingerprint(m))
+                           train_data=data_fingerprint(m), fields=m.fields)
     with strategy.scope():
         model, opt, replica_step, variables = build_training(
             model_config(cfg, feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer,

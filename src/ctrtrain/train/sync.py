@@ -142,7 +142,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
                           f"(this one every {schedule.eval_every or 'never'}): give every host "
                           "the validation channel, or the same eval_every")
     md = prepare_model_dir(cfg, feature_size, m.field_size, write=rt.is_chief,
-                           train_data=data_fingerprint(m))
+                           train_data=data_fingerprint(m), fields=m.fields)
     tf.random.set_seed(cfg.seed)
     lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
     with rt.scope():
