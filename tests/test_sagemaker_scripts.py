@@ -415,7 +415,7 @@ def test_unknown_framework_version_is_refused_by_name(tmp_path):
     job = sm_job(tmp_path, "failing", framework_version="3.1x")
     r = run_cli("launch", job, check=False)
     assert r.returncode == 2
-    assert "framework_version: '3.1x' is not a TensorFlow 2 release series such as 2.21" in r.stderr
+    assert "framework_version: '3.1x' is not a TensorFlow 2 release such as 2.21" in r.stderr
 
 
 @pytest.mark.slow
