@@ -548,16 +548,20 @@ def test_bags_are_bounded_before_anything_is_allocated(tmp_path):
     assert not (tmp_path / "g").exists()
 
 
+def tagged_rows(out, rows: int, kind: str) -> None:
+    """Featurized rows of a user id and a `tags` bag (`kind`: --multi-hot or --sequence) in out."""
+    csv = out.parent / "day.csv"
+    csv.write_text("label,user,tags\n" + "".join(
+        f"{i % 2},u{i % 7},a|b{i % 3}\n" for i in range(rows)))
+    code, _, err = cli("data", "featurize", csv, "--out", out, kind, "tags", "--min-count", 1)
+    assert code == 0, err
+
+
 def test_a_declared_field_the_records_lack_is_refused(tmp_path):
     """F30: TensorFlow reads a bag feature that a record lacks as an empty bag, so a
     declaration naming `tagz` where the records hold `tags` trained on nothing in that field
     (index, validate, train: exit 0). Each refuses, naming the field."""
-    csv = tmp_path / "day.csv"
-    csv.write_text("label,user,tags\n" + "".join(
-        f"{i % 2},u{i % 7},a|b{i % 3}\n" for i in range(60)))
-    code, out, err = cli("data", "featurize", csv, "--out", tmp_path / "f", "--multi-hot",
-                         "tags", "--min-count", 1)
-    assert code == 0, err
+    tagged_rows(tmp_path / "f", 60, "--multi-hot")
     m = json.loads((tmp_path / "f" / "manifest.json").read_text())
     fields = [dict(f, name="tagz") if f["name"] == "tags" else f for f in m["fields"]]
     records = tmp_path / "records"
@@ -578,12 +582,7 @@ def test_resume_refuses_an_edited_field_declaration(tmp_path):
     """F33: a manifest's declaration edited between runs (pooling, max_len, sequence to
     multi_hot) resumed and exported a model that predict and --valid then refuse: the same
     files read into another model. Refused on resume, naming the field and both forms."""
-    csv = tmp_path / "day.csv"
-    csv.write_text("label,user,tags\n" + "".join(
-        f"{i % 2},u{i % 7},a|b{i % 3}\n" for i in range(200)))
-    code, out, err = cli("data", "featurize", csv, "--out", tmp_path / "f", "--sequence",
-                         "tags", "--min-count", 1)
-    assert code == 0, err
+    tagged_rows(tmp_path / "f", 200, "--sequence")
     base = ["train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m", "--quiet",
             "--batch-size", 32, "--checkpoint-every", 2, "--no-export"]
     code, out, err = cli(*base, "--steps", 4)
