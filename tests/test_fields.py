@@ -192,6 +192,25 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
     # A serving client may send the records themselves (no label): the same probabilities.
     np.testing.assert_allclose(served_from_examples(md / "export", files), trained,
                                rtol=1e-5, atol=1e-6)
+    # ... and what training refuses, the signature refuses too, naming the record (F38).
+    import tensorflow as tf
+
+    from ctrtrain.train.export import latest_export
+    serve = tf.saved_model.load(latest_export(md / "export")).signatures["examples"]
+    good = next(iter(tf.data.TFRecordDataset([str(files[0])]))).numpy()
+    numeric, cat = (next(f["name"] for f in manifest["fields"] if f["kind"] == k)
+                    for k in ("numeric", "categorical"))
+    for name, feature, what in (
+            (numeric, tf.train.Feature(float_list=tf.train.FloatList(value=[float("nan")])),
+             "a value that is not finite"),
+            (numeric, tf.train.Feature(float_list=tf.train.FloatList(value=[float("inf")])),
+             "a value that is not finite"),
+            (cat, tf.train.Feature(int64_list=tf.train.Int64List(value=[-5])),
+             "an id outside the table")):
+        ex = tf.train.Example.FromString(good)
+        ex.features.feature[name].CopyFrom(feature)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"record 1 of the request has {what}"):
+            serve(examples=tf.constant([good, ex.SerializeToString()]))
     # Data of other fields is refused by name, not predicted from.
     bad = ctrtrain("predict", "--model", md / "export", "--input", PREVIOUS / "test",
                    "--out", tmp_path / "x.csv")

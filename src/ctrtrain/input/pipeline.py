@@ -152,21 +152,45 @@ def parse_libsvm_batch(lines, field_size: int, label_format: str = "01"):
 BAD_BATCH = "ctrtrain: a batch holds a record that is not valid"
 
 
+def _bad_rows(b, feature_size: int) -> list:
+    """(per-row bool [B], what is wrong) for each check a record must pass: ids inside the
+    table (-1 pads a bag), finite values."""
+    def rows(ok):
+        return ~tf.reduce_all(ok, axis=1)
+    ids_ok = [(b["ids"] >= 0) & (b["ids"] < feature_size)]
+    finite = [tf.math.is_finite(b["values"])]
+    if "numeric" in b:
+        finite.append(tf.math.is_finite(b["numeric"]))
+    if "bag_ids" in b:
+        ids_ok.append((b["bag_ids"] >= -1) & (b["bag_ids"] < feature_size))
+        finite.append(tf.math.is_finite(b["bag_weights"]))
+    return [(rows(tf.concat(ids_ok, 1)), f"an id outside the table [0, {feature_size})"),
+            (rows(tf.concat(finite, 1)), "a value that is not finite")]
+
+
 def check_batch(b, feature_size: int):
     """Fails the batch (InvalidArgumentError carrying BAD_BATCH) if a label is not 0/1, an id
     is outside the table or a value is not finite: such a record would train a wrong model or
     crash the lookup with no place named. The reader then finds the record (explain_error).
     A handful of element-wise ops per batch, small beside a training step."""
-    ok = tf.reduce_all((b["label"] == 0.0) | (b["label"] == 1.0)) \
-        & tf.reduce_all((b["ids"] >= 0) & (b["ids"] < feature_size)) \
-        & tf.reduce_all(tf.math.is_finite(b["values"]))
-    if "numeric" in b:
-        ok &= tf.reduce_all(tf.math.is_finite(b["numeric"]))
-    if "bag_ids" in b:    # -1: a bag's padding
-        ok &= tf.reduce_all((b["bag_ids"] >= -1) & (b["bag_ids"] < feature_size)) \
-            & tf.reduce_all(tf.math.is_finite(b["bag_weights"]))
+    ok = tf.reduce_all((b["label"] == 0.0) | (b["label"] == 1.0))
+    for bad, _ in _bad_rows(b, feature_size):
+        ok &= ~tf.reduce_any(bad)
     with tf.control_dependencies([tf.debugging.Assert(ok, [BAD_BATCH])]):
         return {k: tf.identity(v) for k, v in b.items()}
+
+
+def check_request(features, feature_size: int):
+    """A serving request's features, or InvalidArgumentError naming the first record (0-based,
+    in the request) that training would refuse: an id outside the table or a value that is
+    not finite, which the model would otherwise score as if valid (or answer NaN)."""
+    asserts = []
+    for bad, what in _bad_rows(features, feature_size):
+        first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
+        asserts.append(tf.debugging.Assert(~tf.reduce_any(bad), [tf.strings.format(
+            "ctrtrain: record {} of the request has " + what, first)]))
+    with tf.control_dependencies(asserts):
+        return {k: tf.identity(v) for k, v in features.items()}
 
 
 def explain_error(e: Exception, paths: list[str], *, fmt: str, field_size: int,

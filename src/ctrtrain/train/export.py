@@ -6,6 +6,8 @@
   examples         serialized tf.train.Example records [None] -> prob, as the training
                    TFRecords hold them (no label needed), parsed by training's own parser:
                    a client sends records and needs to know no tensor layout.
+Both refuse (InvalidArgumentError naming the record) what training refuses: an id outside the
+table, a value that is not finite.
 """
 
 from __future__ import annotations
@@ -38,20 +40,20 @@ class _Serving(tf.Module):
             spec["bag_ids"] = tf.TensorSpec([None, width], tf.int64, name="bag_ids")
             spec["bag_weights"] = tf.TensorSpec([None, width], tf.float32, name="bag_weights")
 
+        from ..input.pipeline import check_request, parse_fields_batch, parse_tfrecord_batch
+
         @tf.function(input_signature=[spec], autograph=False)
         def serve(features):
-            logits, _ = self.model(features, training=False)
+            logits, _ = self.model(check_request(features, cfg.feature_size), training=False)
             return {"prob": tf.sigmoid(logits)}
         self.serve = serve
-
-        from ..input.pipeline import parse_fields_batch, parse_tfrecord_batch
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
                      autograph=False)
         def serve_examples(examples):
             features = parse_tfrecord_batch(examples, cfg.field_size, with_label=False) \
                 if schema is None else parse_fields_batch(examples, schema, with_label=False)
-            logits, _ = self.model(features, training=False)
+            logits, _ = self.model(check_request(features, cfg.feature_size), training=False)
             return {"prob": tf.sigmoid(logits)}
         self.serve_examples = serve_examples
 
