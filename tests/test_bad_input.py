@@ -578,6 +578,29 @@ def test_a_declared_field_the_records_lack_is_refused(tmp_path):
             match="['tagz'] are not in the records")
 
 
+def test_an_id_among_a_buckets_ids_is_refused(tmp_path):
+    """F34: a bucketized field's ids (and a hashed field's) are rows the declaration gives it;
+    a manifest moving `bucket_base` onto the records' own user ids made them share those
+    rows, silently. validate and train name the clash."""
+    csv = tmp_path / "day.csv"
+    csv.write_text("label,user,age\n" + "".join(
+        f"{i % 2},u{i % 7},{20 + i % 50}\n" for i in range(120)))
+    d = tmp_path / "f"
+    code, _, err = cli("data", "featurize", csv, "--out", d, "--numeric", "age",
+                       "--buckets", 4, "--min-count", 1)
+    assert code == 0, err
+    cli_ok = cli("data", "validate", d)
+    assert cli_ok[0] == 0, cli_ok[2]
+    m = json.loads((d / "manifest.json").read_text())
+    last = m["feature_size"] - 4     # the table's last 4 ids: users'
+    fields = [dict(f, bucket_base=last) if "boundaries" in f else f for f in m["fields"]]
+    (d / "manifest.json").write_text(json.dumps({**m, "fields": fields}))
+    refused("data", "validate", d, match="of user is among age's bucket ids")
+    refused("train", "--train", d, "--model-dir", tmp_path / "m", "--batch-size", 16,
+            match="of user is among age's bucket ids")
+    assert not (tmp_path / "m" / "export").exists()
+
+
 def test_resume_refuses_an_edited_field_declaration(tmp_path):
     """F33: a manifest's declaration edited between runs (pooling, max_len, sequence to
     multi_hot) resumed and exported a model that predict and --valid then refuse: the same

@@ -177,13 +177,18 @@ class Schema:
             out.append(Field(name, kind, max_len, pooling, weighted, **hashing))
         return cls(tuple(out))
 
+    def reserved_spans(self) -> list[tuple[int, int, str, str]]:
+        """(first id, end, field, what) of the ids the declaration gives fields itself:
+        hashed fields' and buckets'. Another field's id inside one would share its row."""
+        return sorted([(f.hash_base, f.hash_base + f.hash_buckets, f.name, "hashed ids")
+                       for f in self.fields if f.hash_buckets]
+                      + [(f.bucket_base, f.bucket_base + len(f.boundaries) + 1, f.name,
+                          "bucket ids") for f in self.bucketized()])
+
     def check_ids(self, feature_size: int, where: str = "manifest") -> None:
         """Every hashed field's and bucket's ids inside the table, and no two fields sharing
-        them."""
-        spans = sorted([(f.hash_base, f.hash_base + f.hash_buckets, f.name, "hashed ids")
-                        for f in self.fields if f.hash_buckets]
-                       + [(f.bucket_base, f.bucket_base + len(f.boundaries) + 1, f.name,
-                           "bucket ids") for f in self.bucketized()])
+        them (the records' own ids are checked against them where the records are read)."""
+        spans = self.reserved_spans()
         for i, (lo, hi, name, what) in enumerate(spans):
             if hi > feature_size:
                 raise DataError(f"field declaration: {name}'s {what} {lo}..{hi - 1} "

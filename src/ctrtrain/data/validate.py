@@ -136,6 +136,7 @@ def _declared_rows(path: str, schema, feature_size: int | None, compression: str
     from .schema import FieldRows
     from .tfrecord import read_field_blocks
     top = feature_size if feature_size is not None else np.iinfo(np.int64).max
+    spans = schema.reserved_spans()
     n = 0
     for b in read_field_blocks(path, schema, compression):
         labels = b["label"].numpy()[:, 0]
@@ -166,6 +167,14 @@ def _declared_rows(path: str, schema, feature_size: int | None, compression: str
             flag(np.isin(np.arange(len(labels)), list(first)),
                  lambda i, f=f, first=first: f"id {first[i]} of {f.name} is outside "
                                              f"[0, {feature_size})")
+            for lo, hi, name, what in spans:
+                inside = {}
+                for j in np.flatnonzero((ids >= lo) & (ids < hi))[::-1]:
+                    inside[int(owner[j])] = int(ids[j])
+                flag(np.isin(np.arange(len(labels)), list(inside)),
+                     lambda i, f=f, inside=inside, lo=lo, hi=hi, name=name, what=what:
+                     f"id {inside[i]} of {f.name} is among {name}'s {what} {lo}..{hi - 1} "
+                     "(it would share their rows)")
             if f.weighted:
                 _check_weights(b, f, v, flag, len(labels))
         ok = np.array([w is None for w in why], bool)

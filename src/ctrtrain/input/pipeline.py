@@ -88,6 +88,7 @@ def parse_fields_batch(serialized, schema, with_label: bool = True):
     f = tf.io.parse_example(serialized, spec)
     rows = tf.shape(serialized, out_type=tf.int64)[:1]
     out = {"label": f["label"][:, 0]} if with_label else {}
+    checks = _outside_reserved_spans(f, schema)
     f.update({c.name: field_ids(c, f[c.name]) for c in schema.fields if c.hash_buckets})
     cat = [f[c.name] for c in schema.of("categorical")]
     cat += [tf.cast(tf.raw_ops.Bucketize(input=f[c.name], boundaries=list(c.boundaries)),
@@ -114,7 +115,25 @@ def parse_fields_batch(serialized, schema, with_label: bool = True):
             weights.append(w[:, kept].to_tensor(0.0, shape=[None, b.max_len]))
         out["bag_ids"] = tf.concat(ids, 1)
         out["bag_weights"] = tf.concat(weights, 1)
+    if checks:
+        with tf.control_dependencies(checks):
+            out = {k: tf.identity(v) for k, v in out.items()}
     return out
+
+
+def _outside_reserved_spans(parsed, schema) -> list:
+    """Asserts that no id a record holds itself (fields without hashing) lies among the ids
+    a hashed field or a bucketized one owns (Schema.reserved_spans): it would share their
+    rows. A comparison per span on the batch's ids; nothing when the schema reserves none."""
+    spans = schema.reserved_spans()
+    own = [parsed[c.name] for c in schema.fields if c.kind != "numeric" and not c.hash_buckets]
+    if not spans or not own:
+        return []
+    ids = tf.concat([tf.reshape(v.flat_values if isinstance(v, tf.RaggedTensor) else v, [-1])
+                     for v in own], 0)
+    return [tf.debugging.Assert(~tf.reduce_any((ids >= lo) & (ids < hi)), [
+        f"ctrtrain: a record holds an id among {name}'s {what} {lo}..{hi - 1}"])
+        for lo, hi, name, what in spans]
 
 
 def field_ids(field, values):
