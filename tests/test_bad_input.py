@@ -548,6 +548,27 @@ def test_bags_are_bounded_before_anything_is_allocated(tmp_path):
     assert not (tmp_path / "g").exists()
 
 
+def test_what_a_declaration_cuts_or_leaves_empty_is_reported(tmp_path):
+    """F40: `data index --fields` with max_len 1 where rows hold 2 tags said nothing (featurize
+    and convert count such rows), and one libffm line naming field 999 declared 1,000 fields,
+    997 of them empty, without a word. Both are reported (kept, not refused: a user may mean
+    it), and the index's manifest records the count as featurize's does."""
+    tagged_rows(tmp_path / "f", 30, "--multi-hot")
+    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    fields = [dict(f, max_len=1) if f["name"] == "tags" else f for f in m["fields"]]
+    code, out, err = cli("data", "index", tmp_path / "f", "--fields", json.dumps(fields),
+                         "--overwrite")
+    assert code == 0, err
+    assert "tags: 30 rows hold more than max_len 1" in out, out
+    indexed = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    assert indexed["extra"]["longer_than_max_len"] == {"tags": 30}
+    ffm = tmp_path / "day.ffm"
+    ffm.write_text("1 0:1:1 1:2:1\n0 0:3:1 999:4:1\n")
+    code, out, err = cli("data", "convert", ffm, "--out", tmp_path / "ffm", "--shards", 1)
+    assert code == 0, err
+    assert "997 of the 1,000 fields hold no pair in any row (f2..f998)" in out, out
+
+
 def tagged_rows(out, rows: int, kind: str) -> None:
     """Featurized rows of a user id and a `tags` bag (`kind`: --multi-hot or --sequence) in out."""
     csv = out.parent / "day.csv"

@@ -287,6 +287,8 @@ def cmd_index(a):
     path = write_index(a.data, feature_size=a.feature_size, label_format=a.labels,
                        overwrite=a.overwrite, fields=fields)
     print(describe(path.parent))
+    from .data.manifest import read_manifest
+    _print_longer(read_manifest(path.parent))
 
 
 def cmd_validate(a):

@@ -83,9 +83,9 @@ def index_files(files: list[str], *, names: list[str] | None = None,
     else:
         field_size = (_tfrecord_field_size if fmt == "tfrecord" else
                       lambda p, c: _libsvm_field_size(p))(files[0], comp)
-    entries, positives, max_id = [], 0, -1
+    entries, positives, max_id, longer = [], 0, -1, {}
     for f, name in zip(files, names or files):
-        n, top, pos = _scan(f, fmt, field_size, comp, label_format, schema)
+        n, top, pos = _scan(f, fmt, field_size, comp, label_format, schema, longer)
         max_id, positives = max(max_id, top), positives + pos
         entries.append(FileEntry(name, n, os.path.getsize(f), sha256_file(f)))
     if sum(e.records for e in entries) == 0:
@@ -97,14 +97,17 @@ def index_files(files: list[str], *, names: list[str] | None = None,
     m = Manifest(fmt, field_size, feature_size or max(max_id + 1, hashed), entries,
                  compression=comp, label_format=label_format, positives=positives,
                  fields=fields,
-                 extra={"indexed": True, "feature_size_inferred": feature_size is None})
+                 extra={"indexed": True, "feature_size_inferred": feature_size is None,
+                        **({"longer_than_max_len": longer} if longer else {})})
     if schema:
         schema.check_ids(m.feature_size, "--fields")
     return m
 
 
-def _scan(path, fmt, field_size, compression, label_format, schema=None):
-    """(records, largest id, positives) of one file; the first bad record is an error."""
+def _scan(path, fmt, field_size, compression, label_format, schema=None, longer=None):
+    """(records, largest id, positives) of one file; the first bad record is an error.
+    `longer`: per bag field (declared, without hashing), the count of rows holding more ids
+    than its max_len, added to (as featurize and convert report them)."""
     from .validate import file_rows
     n, top, pos = 0, -1, 0
     for rows, bad in file_rows(path, fmt=fmt, field_size=field_size, feature_size=None,
@@ -115,6 +118,11 @@ def _scan(path, fmt, field_size, compression, label_format, schema=None):
         if len(rows):
             largest = rows.largest_id() if schema else int(rows.ids.max())
             top, pos = max(top, largest), pos + int(rows.labels.sum())
+        if schema is not None and longer is not None:
+            for f in schema.lists():
+                if f.name in rows.columns:
+                    longer[f.name] = longer.get(f.name, 0) + int(
+                        (rows.columns[f.name][0] > f.max_len).sum())
         n += len(rows)
     return n, top, pos
 

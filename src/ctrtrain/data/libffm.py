@@ -158,7 +158,23 @@ class FieldStats:
                     "when read and counted in the manifest")
                 most = MAX_LEN_LIMIT
             fields.append(Field(field_name(j), "multi_hot", most, "sum", bool(self.weighted[j])))
+        empty = [j for j in range(len(self.most)) if self.most[j] == 0]
+        if empty:   # one line naming field 999 declares 1,000 fields
+            say(f"warning: {len(empty):,} of the {len(self.most):,} fields hold no pair in any "
+                f"row ({_spans(empty)}): field numbers are taken as positions, so the highest "
+                "one named sets the field count; check the data if that is not intended")
         return Schema(tuple(fields))
+
+
+def _spans(numbers: list[int], most: int = 5) -> str:
+    """Sorted integers as ranges, `f3..f998, f1200`, the first `most` of them."""
+    runs, start = [], numbers[0]
+    for a, b in zip(numbers, numbers[1:] + [None]):
+        if b != a + 1:
+            runs.append(field_name(start) + (f"..{field_name(a)}" if a != start else ""))
+            if b is not None:
+                start = b
+    return ", ".join(runs[:most]) + (", ..." if len(runs) > most else "")
 
 
 def _counts(block: FfmBlock, width: int) -> np.ndarray:
