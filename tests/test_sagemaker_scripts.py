@@ -182,6 +182,40 @@ def test_requirements_come_from_the_package_index_through_a_wheelhouse(tmp_path)
     assert r.returncode == 2
     assert "No matching distribution found for ctrtrain-no-such-package==1.0" in r.stderr
     assert not (tmp_path / "missing" / "hosts").exists()
+    # A local package outside the code directory (F41): pip's dry run would build it, running
+    # its setup.py in the launcher, outside the job. Refused by line, nothing run.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    marker = tmp_path / "setup-ran"
+    (outside / "setup.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (tmp_path / "code" / "requirements.txt").write_text("tabulate==0.9.0\n../outside\n")
+    r = run_cli("launch", job, "--output-dir", tmp_path / "outside-run", env=cache, check=False)
+    assert r.returncode == 2 and "requirements.txt, line 2: '../outside' is outside the job's " \
+        "code directory" in r.stderr, r.stderr[-2000:]
+    assert not marker.exists() and not (tmp_path / "outside-run" / "hosts").exists()
+
+
+def test_requirements_lines_resolved_before_the_hosts_start(tmp_path):
+    """What the launcher's dry run reads of a requirements.txt: includes flattened, local
+    wheels and find-links made absolute, local directories and source archives left to the
+    host (building them runs their code), anything outside the code directory refused."""
+    from ctrtrain.errors import ConfigError
+    from ctrtrain.launch.wheelhouse import resolvable_lines
+    code = tmp_path / "code"
+    (code / "vendor").mkdir(parents=True)
+    (code / "vendor" / "a-1.0-py3-none-any.whl").write_bytes(b"")
+    (code / "pkg").mkdir()
+    (code / "more.txt").write_text("requests>=2  # http\n-e ./pkg\n")
+    req = code / "requirements.txt"
+    req.write_text("# pinned\ntabulate==0.9.0\n./vendor/a-1.0-py3-none-any.whl\n./pkg\n"
+                   "-r more.txt\n--find-links ./vendor\n--index-url https://pypi.org/simple\n")
+    assert resolvable_lines(req) == [
+        "tabulate==0.9.0", str(code / "vendor" / "a-1.0-py3-none-any.whl"), "requests>=2",
+        f"--find-links {code / 'vendor'}", "--index-url https://pypi.org/simple"]
+    for line in ("/etc", "-r ../other.txt", "file:///tmp/x.whl", "-e ../../pkg"):
+        req.write_text(f"tabulate==0.9.0\n{line}\n")
+        with pytest.raises(ConfigError, match="line 2: .* is outside the job's code directory"):
+            resolvable_lines(req)
 
 
 @pytest.mark.slow

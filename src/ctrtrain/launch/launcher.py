@@ -101,9 +101,11 @@ def prepare_outside(spec: JobSpec):
     if not spec.framework_version:
         return None
     from .image_build import ensure_image
-    from .wheelhouse import prepare, requirements_file
-    image = ensure_image(spec.framework_version, spec.py_version)
+    from .wheelhouse import prepare, requirements_file, resolvable_lines
     req = requirements_file(spec.source_dir)
+    if req:
+        resolvable_lines(req)   # a path outside the code is refused before an image is built
+    image = ensure_image(spec.framework_version, spec.py_version)
     return prepare(req, image) if req else None
 
 

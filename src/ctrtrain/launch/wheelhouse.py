@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 from ..data.manifest import INCOMPLETE_NAME
@@ -52,6 +53,7 @@ def ready(requirements: Path, image: Image) -> Path | None:
 def prepare(requirements: Path, image: Image, say=print) -> Path:
     """The wheelhouse of `requirements` for `image`: reused when it exists, else resolved and
     downloaded now (needs the package index: call it outside the job's namespaces)."""
+    index_lines = resolvable_lines(requirements)
     path = ready(requirements, image)
     if path:
         wheels = sorted(p.name for p in path.glob("*.whl"))
@@ -61,7 +63,7 @@ def prepare(requirements: Path, image: Image, say=print) -> Path:
     start = time.monotonic()
     say(f"{requirements}: resolving against the {image.framework_version} image "
         f"({image.python}) ...")
-    wanted = _resolve(requirements, image)
+    wanted = _resolve(requirements, index_lines, image)
     path = wheelhouse_path(requirements, image)
     if path.exists():
         shutil.rmtree(path)
@@ -84,15 +86,77 @@ def prepare(requirements: Path, image: Image, say=print) -> Path:
     return path
 
 
-def _resolve(requirements: Path, image: Image) -> list[str]:
+# Options whose argument is a file or directory (pip's requirements-file syntax).
+_PATH_OPTIONS = ("-r", "--requirement", "-c", "--constraint", "-e", "--editable",
+                 "-f", "--find-links")
+_INCLUDES = ("-r", "--requirement", "-c", "--constraint")
+_ARCHIVES = (".whl", ".tar.gz", ".tgz", ".zip", ".tar.bz2")
+
+
+def resolvable_lines(requirements: Path) -> list[str]:
+    """The requirement lines (includes flattened, local paths made absolute) for the
+    launcher's dry run. A local path outside the job's code directory is refused: SageMaker
+    installs from the code it uploads, and pip would build it here, in the launcher's own
+    process, before any host is isolated. Local directories and source archives are left
+    out of the dry run (building them runs their setup code): the host installs them, with
+    their dependencies from the image or from the file's other lines."""
+    code = requirements.parent.resolve()
+    return _lines(requirements, code, seen=set())
+
+
+def _lines(path: Path, code: Path, seen: set) -> list[str]:
+    if path.resolve() in seen:
+        return []
+    seen.add(path.resolve())
+    out = []
+    for n, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        line = raw.split(" #")[0].strip() if not raw.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        words = line.split(None, 1)
+        option, arg = (words[0], words[1].strip() if len(words) > 1 else "") \
+            if words[0] in _PATH_OPTIONS else ("", line)
+        for opt in _PATH_OPTIONS:       # `--requirement=other.txt`
+            if not option and line.startswith(opt + "=") and opt.startswith("--"):
+                option, arg = opt, line[len(opt) + 1:]
+        local = _local_path(arg, path.parent, bool(option))
+        if local is None:
+            out.append(line)
+            continue
+        if not local.resolve().is_relative_to(code):
+            raise ConfigError(f"{path}, line {n}: {arg!r} is outside the job's code directory "
+                              f"{code} (SageMaker installs only what it uploads with the code; "
+                              "copy the package into source_dir)")
+        if option in _INCLUDES:
+            out.extend(_lines(local, code, seen))
+        elif option in ("-f", "--find-links") or (local.is_file() and local.name.endswith(".whl")):
+            out.append(f"{option} {local}".strip())
+        # A directory, an sdist or an editable: built by the host, not here.
+    return out
+
+
+def _local_path(arg: str, base: Path, is_option_arg: bool) -> Path | None:
+    """The file or directory a requirement line's argument names, or None for a requirement
+    the index resolves (`name==1.0`, `name @ https://...`)."""
+    if arg.startswith("file:"):
+        return Path(urllib.parse.urlparse(arg).path)
+    if "://" in arg or (not is_option_arg and not arg.startswith((".", "/", "~"))
+                        and not arg.endswith(_ARCHIVES)):
+        return None
+    return (base / Path(arg).expanduser()) if not arg.startswith("/") else Path(arg)
+
+
+def _resolve(requirements: Path, lines: list[str], image: Image) -> list[str]:
     """`name==version` of every package pip would install into the image for the file, from
     the index (local files and directories are left to the host's install)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
+        flat = Path(tmp) / REQUIREMENTS
+        flat.write_text("".join(line + "\n" for line in lines))
         env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         env.pop("PIP_NO_INDEX", None)
         r = subprocess.run([image.python, "-m", "pip", "install", "--dry-run", "--quiet",
-                            "--report", str(report), "-r", str(requirements)],
+                            "--report", str(report), "-r", str(flat)],
                            cwd=requirements.parent, capture_output=True, text=True,
                            env=env, timeout=3600)
         if r.returncode != 0:
