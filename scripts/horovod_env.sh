@@ -39,7 +39,7 @@ fi
 # The fused kernels (src/ctrtrain/kernels), compiled against this venv's
 # TensorFlow when their source or the pins changed (a few seconds); without a compiler
 # training runs TensorFlow's ops instead and says so.
-kernels_want="$(cat "$root/src/ctrtrain/kernels/ctr_kernels.cc" "$stamp" | sha256sum | cut -d' ' -f1)"
+kernels_want="$(cat "$root/src/ctrtrain/kernels/ctr_kernels.cc" "$root/src/ctrtrain/kernels/build.py" "$stamp" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$venv/.ctrtrain-kernels" 2>/dev/null || true)" != "$kernels_want" ]; then
   if "$venv/bin/python" -m ctrtrain.kernels.build >&2; then
     echo "$kernels_want" > "$venv/.ctrtrain-kernels"

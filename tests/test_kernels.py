@@ -593,3 +593,25 @@ def test_training_without_the_library_says_so_and_learns_the_same(synth_data, tm
         assert b"Ctr" not in graph
     assert abs(results[True]["test"]["auc"] - results[False]["test"]["auc"]) < 1e-4
 
+
+
+def test_a_damaged_or_foreign_library_is_not_loaded(tmp_path):
+    """F37: a library under the kernels' name that is cut short crashed the process at load
+    (Bus error, exit 135) and a foreign one raised AttributeError at the first step. Either
+    fails the checksum the build recorded: the process says so and runs TensorFlow's ops."""
+    from ctrtrain.kernels.build import checksum_path, library_path
+    real = library_path()
+    damaged = tmp_path / real.name
+    probe = ("from ctrtrain import kernels; import tensorflow as tf; "
+             "print('available', kernels.available()); "
+             "print(float(tf.reduce_sum(tf.unique(tf.constant([3, 3, 5], tf.int64)).y)))")
+    foreign = next(p for p in (tf.sysconfig.get_lib() + "/libtensorflow_framework.so.2",)
+                   if os.path.exists(p))
+    for body in (real.read_bytes()[: real.stat().st_size // 3], open(foreign, "rb").read()):
+        damaged.write_bytes(body)
+        checksum_path(damaged).write_text(checksum_path(real).read_text())
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           env={**os.environ, "CTRTRAIN_KERNELS_DIR": str(tmp_path)}, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "is not the file the build wrote" in r.stdout and "available False" in r.stdout
+        assert r.stdout.strip().endswith("8.0")

@@ -36,19 +36,41 @@ def available() -> bool:
         _tried = True
         if os.environ.get("CTRTRAIN_KERNELS", "1") == "0":
             return False
-        from .build import library_path
+        from .build import intact, library_path
         path = library_path()
+        rebuild = "`python -m ctrtrain.kernels.build --force` rebuilds it"
         if not path.exists():
             print(f"ctrtrain: fused kernels not built for TensorFlow {tf.__version__} ({path} "
                   f"is missing; `python -m ctrtrain.kernels.build` builds it): "
                   f"running the TensorFlow ops instead", flush=True)
             return False
+        if not intact(path):    # loading a cut or foreign library can crash the process
+            print(f"ctrtrain: fused kernels not loaded: {path} is not the file the build "
+                  f"wrote (its checksum differs or was not recorded; {rebuild}): running the "
+                  "TensorFlow ops instead", flush=True)
+            return False
         try:
-            _lib = tf.load_op_library(str(path))
+            lib = tf.load_op_library(str(path))
         except (tf.errors.NotFoundError, OSError) as e:
             print(f"ctrtrain: fused kernels could not be loaded ({e}): running the TensorFlow "
                   f"ops instead", flush=True)
+            return False
+        missing = [op for op in OPS if not hasattr(lib, op)]
+        if missing:
+            print(f"ctrtrain: fused kernels not used: {path} lacks the ops {missing} ({rebuild}): "
+                  "running the TensorFlow ops instead", flush=True)
+            return False
+        _lib = lib
     return _lib is not None
+
+
+# Every op the wrappers below call: a library that lacks one is not used.
+OPS = ("ctr_adam_catchup_apply", "ctr_adam_catchup_lookup", "ctr_adam_catchup_read",
+       "ctr_bag_pool", "ctr_bag_pool_grad", "ctr_dice", "ctr_dice_grad", "ctr_dropout",
+       "ctr_field_attention", "ctr_field_attention_grad", "ctr_fm", "ctr_fm_grad", "ctr_held",
+       "ctr_outer_product", "ctr_outer_product_grad", "ctr_pair_product",
+       "ctr_pair_product_grad", "ctr_relu_dropout_grad", "ctr_scaled_gather",
+       "ctr_scaled_segment_sum", "ctr_unique")
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ The install scripts (scripts/env.sh: TensorFlow 2.21; scripts/horovod_env.sh: 2.
 The library goes into the environment that imports it (or $CTRTRAIN_KERNELS_DIR), named by
 TensorFlow's version and the source's hash (`library_path`), so that another TensorFlow or a
 changed kernel is never served a stale library: it is simply not found, and the TensorFlow ops
-run instead (kernels/__init__.py).
+run instead (kernels/__init__.py). Beside it, its SHA-256 (`checksum_path`): a library that
+does not match is neither loaded nor kept (a rebuild replaces it).
 
 -fno-math-errno and -fno-trapping-math let the compiler vectorize the per-row loops (sqrt,
 division under a condition); nothing here reads errno or floating-point exception flags.
@@ -36,13 +37,30 @@ def library_path() -> Path:
     return Path(where) / f"tf{tf.__version__}-{digest}.so"
 
 
+def checksum_path(library: Path) -> Path:
+    """The library's SHA-256 as the build wrote it: a file changed, cut or replaced since
+    (a foreign library under its name, a truncated copy) is not loaded."""
+    return library.with_name(library.name + ".sha256")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def intact(library: Path) -> bool:
+    """The library is the one the build wrote (its recorded checksum matches)."""
+    recorded = checksum_path(library)
+    return (library.is_file() and recorded.is_file()
+            and recorded.read_text().strip() == sha256(library))
+
+
 def build(force: bool = False) -> Path:
     """Compiles the library (g++ with TensorFlow's own compile and link flags) unless it is
     there; written under a temporary name and renamed, so a build cut short leaves nothing a
     process could load. Raises RuntimeError with the compiler's message when it fails."""
     import tensorflow as tf
     out = library_path()
-    if out.exists() and not force:
+    if intact(out) and not force:
         return out
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
@@ -59,6 +77,7 @@ def build(force: bool = False) -> Path:
     if done.returncode != 0:
         os.unlink(tmp)
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
+    checksum_path(out).write_text(sha256(Path(tmp)) + "\n")
     os.replace(tmp, out)
     print(f"built {out} ({time.monotonic() - t:.1f} s, TensorFlow {tf.__version__})", flush=True)
     return out
