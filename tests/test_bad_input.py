@@ -198,6 +198,48 @@ def test_cached_data_is_checked_whole_before_the_first_step(tmp_path):
             match=f"{d / 'part-0.tfrecord'}, record 39999: id 2000 (field 7) is outside [0, 2000)")
 
 
+def memory_cgroup(tmp_path, limit: int):
+    """A memory cgroup (v1, as this machine and CI have) of `limit` bytes under this process's
+    own, or a skip where none can be made; removed by the caller once its processes ended."""
+    with open("/proc/self/cgroup") as f:
+        path = next((line.rstrip("\n").split(":", 2)[2] for line in f
+                     if "memory" in line.split(":", 2)[1].split(",")), None)
+    if path is None:
+        pytest.skip("no cgroup v1 memory controller here")
+    cg = Path(f"/sys/fs/cgroup/memory{path.rstrip('/')}/ctrtrain-test-{os.getpid()}-{tmp_path.name}")
+    try:
+        cg.mkdir()
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+    except OSError as e:
+        pytest.skip(f"cannot make a memory cgroup: {e}")
+    return cg
+
+
+def test_cache_beyond_the_memory_left_is_refused_with_sizes(tmp_path):
+    """F35: `--cache` under a 900 MB limit was OOM-killed without a word (streaming peaked at
+    370 MiB). The parsed size is estimated against the memory left, cgroup limit included,
+    and the run refused before reading, naming both sizes."""
+    tagged_rows(tmp_path / "f", 10_000, "--multi-hot")
+    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    fields = [dict(f, max_len=5_000) if f["name"] == "tags" else f for f in m["fields"]]
+    code, _, err = cli("data", "index", tmp_path / "f", "--fields", json.dumps(fields),
+                       "--overwrite")
+    assert code == 0, err
+    cg = memory_cgroup(tmp_path, 900 << 20)
+    try:
+        r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
+                            sys.executable, "-m", "ctrtrain.cli", "train", "--train",
+                            str(tmp_path / "f"), "--model-dir", str(tmp_path / "m"),
+                            "--batch-size", "16", "--cache"],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        cg.rmdir()
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "--cache: holding the training data in memory needs about 1.1" in r.stderr
+    assert "GiB of memory left: train without --cache" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "m" / "checkpoint").exists()
+
+
 def test_libsvm_directory_with_bad_labels_is_named(tmp_path):
     from ctrtrain.data.manifest import FileEntry, Manifest, sha256_file
     d = tmp_path / "lib"

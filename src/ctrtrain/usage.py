@@ -45,21 +45,48 @@ def parse_usages(text: str) -> list[dict]:
 
 
 def available_memory() -> int | None:
-    """Bytes this process can still take: the machine's MemAvailable, or less where a cgroup
-    (a container's memory limit) allows less; None where neither can be read."""
+    """Bytes this process can still take: the machine's MemAvailable, or less where its
+    cgroup (a container's or a job's memory limit, v2 or v1) allows less; None where neither
+    can be read. A cgroup's usage counts reclaimable file cache, which is left out."""
     found = []
     try:
         with open("/proc/meminfo") as f:
             found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
     except OSError:
         pass
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        with open("/sys/fs/cgroup/memory.current") as f:
-            current = int(f.read().strip())
-        if limit != "max":
-            found.append(max(0, int(limit) - current))
-    except (OSError, ValueError):
-        pass
+    left = _cgroup_memory_left()
+    if left is not None:
+        found.append(left)
     return min(found) if found else None
+
+
+def _cgroup_memory_left() -> int | None:
+    """The limit of this process's memory cgroup minus what it holds (None: no limit read)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if controllers == "":                       # v2: memory.max / memory.current
+            files, root = ("memory.max", "memory.current", "inactive_file"), "/sys/fs/cgroup"
+        elif "memory" in controllers.split(","):    # v1
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+            root = "/sys/fs/cgroup/memory"
+        else:
+            continue
+        # A cgroup namespace shows the process at its root: the path may be "/".
+        for d in dict.fromkeys((f"{root}{path.rstrip('/')}", root)):
+            try:
+                with open(f"{d}/{files[0]}") as f:
+                    limit = f.read().strip()
+                with open(f"{d}/{files[1]}") as f:
+                    current = int(f.read().strip())
+                with open(f"{d}/memory.stat") as f:
+                    stat = dict(line.split() for line in f if line.strip())
+            except (OSError, ValueError):
+                continue
+            if limit == "max" or int(limit) >= 1 << 60:     # v1 writes "no limit" as ~2^63
+                break
+            return max(0, int(limit) - current + int(stat.get(files[2], 0)))
+    return None

@@ -121,6 +121,12 @@ class Schema:
         embeddings with their gradient, float32 (the padded [batch, bag_width] form)."""
         return batch_size * self.bag_width * (8 + 4 + 2 * 4 * embedding_size)
 
+    def parsed_record_bytes(self) -> int:
+        """A parsed record's size in the batch layout: label, ids and values of the
+        categorical and bucket slots, numeric values, and every bag padded to its max_len."""
+        slots = len(self.of("categorical")) + len(self.bucketized())
+        return 4 + 12 * slots + 4 * len(self.of("numeric")) + 12 * self.bag_width
+
     def to_json(self) -> list[dict]:
         return [f.to_json() for f in self.fields]
 

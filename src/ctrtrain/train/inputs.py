@@ -56,7 +56,32 @@ def check_data(cfg: TrainConfig):
     if m.schema is not None:
         check_bag_memory(m.schema, cfg.batch_size, cfg.embedding_size,
                          "fields" if cfg.input_mode == "Pipe" else describe_source(cfg.train_dir))
+    if cfg.cache:
+        check_cache_memory(cfg, m)
     return m, feature_size
+
+
+def check_cache_memory(cfg: TrainConfig, m) -> None:
+    """`cache` holds this reader's records twice while parsing them in one call (serialized,
+    then parsed, the parse's padded copy beside): refused before reading when that would
+    take over 80% of the memory left, as the kernel's OOM killer would end it without a
+    word. Streaming (no cache) needs a few batches."""
+    from ..usage import available_memory
+    free = available_memory()
+    if free is None or not m.records:
+        return
+    records = local_records(cfg, m)
+    share = records / m.records
+    serialized = share * sum(f.bytes for f in m.files) * (4 if m.compression else 1)
+    per = m.schema.parsed_record_bytes() if m.schema is not None else 4 + 12 * m.field_size
+    need = serialized + 2 * records * per
+    if need <= 0.8 * free:
+        return
+    raise DataError(f"--cache: holding the training data in memory needs about "
+                    f"{need / 2**30:.2f} GiB ({records:,} records: {serialized / 2**30:.2f} GiB "
+                    f"read, then {per:,} bytes a record parsed, twice while parsing), over 80% "
+                    f"of the {free / 2**30:.2f} GiB of memory left: train without --cache (the "
+                    "records stream from the files)", path=describe_source(cfg.train_dir))
 
 
 def check_bag_memory(schema, batch_size: int, embedding_size: int, where: str) -> None:
