@@ -664,6 +664,18 @@ def test_an_id_among_a_buckets_ids_is_refused(tmp_path):
     assert not (tmp_path / "m" / "export").exists()
 
 
+def test_an_empty_or_binary_text_input_is_named_as_such(tmp_path):
+    """F42: `data convert` of an empty `.ffm`, or of a binary one, said "--field-size is
+    required ..." (a libsvm guess): both are named for what they are, nothing written."""
+    empty, binary = tmp_path / "day.ffm", tmp_path / "night.ffm"
+    empty.write_bytes(b"")
+    binary.write_bytes(bytes(range(256)) * 8)
+    refused("data", "convert", empty, "--out", tmp_path / "a", match="day.ffm: is empty")
+    refused("data", "convert", binary, "--out", tmp_path / "b",
+            match="night.ffm: is not text (byte 0 is 0x00)")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_resume_refuses_an_edited_field_declaration(tmp_path):
     """F33: a manifest's declaration edited between runs (pooling, max_len, sequence to
     multi_hot) resumed and exported a model that predict and --valid then refuse: the same

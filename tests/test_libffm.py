@@ -90,6 +90,7 @@ def test_statistics_of_blocks_merge_to_the_whole_files():
     ("1 0:3:1e39", "float32's range"),
     ("2 0:3:1", "label '2' is not one of"),
     ("", "empty line"),
+    ("1 0:3:1\u20031:4:1", "holds the character U+2003 where pairs are separated by spaces"),
 ])
 def test_malformed_lines_are_named(line, reason):
     text = f"1 0:1:1\n{line}\n0 0:2:1\n".encode()

@@ -38,6 +38,9 @@ def test_messy_whitespace_and_crlf_still_parse_exactly():
     (b"2 3:0.5 7:1", "label 2 is not one of"),
     (b"1 3:0.5 -7:1", "is not a non-negative integer"),
     (b"1 3:0.5 7.5:1", "is not a non-negative integer"),
+    (b"1 3:0.5 5.0:1", "id '5.0' is not a non-negative integer"),      # was read as id 5
+    (b"1 1e3:0.5 7:1", "id '1e3' is not a non-negative integer"),      # was read as id 1000
+    ("1 3:0.5\u20037:1".encode(), "holds the character U+2003"),       # an em space
     (b"1 3:0.5 100:1", "outside [0, 100)"),
     (b"1 3:nan 7:1", "not numeric"),
         (b"1 3:1e39 7:1", "outside float32"),

@@ -223,6 +223,25 @@ def libffm_to_tfrecord(files, out_dir, *, like: Manifest | None = None,
     return manifest
 
 
+def check_text(path: str) -> None:
+    """libsvm and libffm input is text lines: an empty file, or one whose first bytes hold a
+    NUL or are not UTF-8 (a binary or a compressed file under a text name), is named as such
+    before any format is guessed from it."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if not head:
+        raise DataError("is empty: no rows to convert", path=path)
+    nul = head.find(b"\0")
+    try:
+        head.decode("utf-8")
+        bad = nul
+    except UnicodeDecodeError as e:
+        bad = min(x for x in (nul, e.start) if x >= 0) if e.start < len(head) - 4 else nul
+    if bad >= 0:
+        raise DataError(f"is not text (byte {bad} is 0x{head[bad]:02x}): libsvm and libffm "
+                        "input is text lines", path=path)
+
+
 def convert(inputs, out_dir, *, to: str = "tfrecord", field_size: int | None = None,
             feature_size: int | None = None, like: str | None = None, shards: int = 8,
             processes: int | None = None, gzip: bool = False, label_format: str = "01",
@@ -248,6 +267,8 @@ def convert(inputs, out_dir, *, to: str = "tfrecord", field_size: int | None = N
                         "trained on as they are (`ctrtrain data index` writes their manifest)",
                         path=(tfrecords or files)[0])
     ref = read_manifest(like) if like else src
+    for f in files:
+        check_text(f)
     ffm = [is_libffm(f) for f in files]
     if any(ffm):
         if not all(ffm):

@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from .libsvm import _NUMBER, FLOAT32_MAX, LABEL_FORMATS, MAX_EXACT_ID, BadRow
+from .libsvm import _NUMBER, FLOAT32_MAX, LABEL_FORMATS, MAX_EXACT_ID, BadRow, split_tokens
 from .schema import MAX_LEN_LIMIT, Field, FieldRows, Schema
 
 # More is a sign of another format (or a typo), not of libffm data (Criteo's has 39 fields);
@@ -57,7 +57,7 @@ class FfmBlock:
 
 
 def _parse_line(line: str, feature_size: int | None, allowed: dict) -> tuple[float, list]:
-    tokens = line.split()
+    tokens = split_tokens(line)
     if not tokens:
         raise ValueError("empty line")
     if not _NUMBER.fullmatch(tokens[0]) or float(tokens[0]) not in allowed:

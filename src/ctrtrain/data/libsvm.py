@@ -30,6 +30,10 @@ _FAST_BYTES = np.zeros(256, dtype=bool)
 _FAST_BYTES[[ord(c) for c in "0123456789.+-eE :\n"]] = True
 # A number as both paths accept it (no "inf", "nan", "0x1p3", "1_000", which float() takes).
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# An id is written as digits: "5.0" or "1e3" would be read as 5 and 1000 by a float parse,
+# while TensorFlow's reader (tf.strings.to_number to int64) refuses them.
+_ID = re.compile(r"[0-9]+")
+_NOT_AN_ID = re.compile(rb"[.+\-eE][0-9]*:")     # an id token's non-digit, then its colon
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -79,6 +83,8 @@ def _parse_fast(text: bytes, field_size: int) -> np.ndarray | None:
     pattern = np.array([ord(" "), ord(":")] * field_size + [ord("\n")], dtype=np.uint8)
     if not (seps.reshape(n, width) == pattern).all():
         return None
+    if _NOT_AN_ID.search(text):
+        return None   # "5.0:" or "1e3:": the per-line path names it
     import pandas as pd
     try:
         with warnings.catch_warnings():
@@ -93,8 +99,18 @@ def _parse_fast(text: bytes, field_size: int) -> np.ndarray | None:
     return arr
 
 
+def split_tokens(line: str) -> list[str]:
+    """A text line's tokens, separated by spaces or tabs (str.split would also split at
+    Unicode spaces such as U+2003 or at control characters: a damaged line read as if whole)."""
+    odd = next((c for c in line if c.isspace() and c not in " \t\r\n\v\f"), None)
+    if odd is not None:
+        raise ValueError(f"holds the character U+{ord(odd):04X} where pairs are separated by "
+                         "spaces or tabs")
+    return line.split()
+
+
 def _parse_line(line: str, field_size: int) -> list[float]:
-    tokens = line.split()
+    tokens = split_tokens(line)
     if not tokens:
         raise ValueError("empty line")
     if len(tokens) - 1 != field_size:
@@ -108,6 +124,9 @@ def _parse_line(line: str, field_size: int) -> list[float]:
             raise ValueError(f"pair {j + 1} {tok[:40]!r} has no ':'")
         if not (_NUMBER.fullmatch(key) and _NUMBER.fullmatch(val)):
             raise ValueError(f"pair {j + 1} {tok[:40]!r} is not numeric id:value")
+        if not _ID.fullmatch(key):
+            raise ValueError(f"pair {j + 1}: id {key[:40]!r} is not a non-negative integer "
+                             "written in digits")
         out.append(float(key))
         out.append(float(val))
     return out
