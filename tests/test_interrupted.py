@@ -123,5 +123,22 @@ def test_convert_out_of_space_names_the_shard(tmp_path):
                        capture_output=True, text=True, timeout=120,
                        preexec_fn=_file_limit(100_000))
     assert r.returncode == 2, (r.returncode, r.stderr)
-    assert f"{out / 'part-00000-of-00001.tfrecord'}.tmp" in r.stderr, r.stderr
+    assert f"{out / 'part-00000-of-00001.tfrecord'}" in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_a_writer_killed_mid_file_leaves_nothing(tmp_path):
+    """F42: a SIGKILLed `predict` left `<out>.tmp` (no handler runs on SIGKILL). Outputs
+    written through data/files.py `staged` (predict's, convert's shards, featurize's) are
+    unnamed until complete: the kernel drops them with the process."""
+    out = tmp_path / "out"
+    out.mkdir()
+    code = ("import os, signal\n"
+            "from ctrtrain.data.files import staged\n"
+            f"with staged({str(out / 'p.csv')!r}, 'w') as f:\n"
+            "    f.write('row,prob\\n' * 100_000)\n"
+            "    f.flush()\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -9, r.stderr
+    assert list(out.iterdir()) == []

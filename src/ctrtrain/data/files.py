@@ -196,24 +196,51 @@ def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool, inputs=()) -
 
 @contextlib.contextmanager
 def staged(path: str | os.PathLike, mode: str = "wb"):
-    """Write-then-rename: the file object of `<path>.tmp`, renamed to `path` when the block
-    ends, removed when it raises, so a file under its final name is always complete. A write
-    or close that fails (a full disk) names the file."""
-    tmp = f"{path}.tmp"
-    f = open(tmp, mode)
+    """Write-then-rename: a file object whose contents appear under `path` only when the
+    block ends, so a file under its final name is always complete. Written unnamed where
+    the filesystem allows (O_TMPFILE, linked in at the end), so a process killed mid-write
+    (SIGKILL, the OOM killer) leaves nothing behind; elsewhere as `<path>.tmp`, removed when
+    the block raises. A write or close that fails (a full disk) names the file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o666)
+        tmp = None
+    except (AttributeError, OSError):       # not Linux, or a filesystem without it
+        fd, tmp = None, f"{path}.tmp"
+    f = os.fdopen(fd, mode) if fd is not None else open(tmp, mode)
     try:
         try:
             yield f
+            f.flush()
+            if tmp is None:
+                tmp = f"{path}.{os.getpid()}.tmp"   # named for the instant of the rename
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+                _link_unnamed(f.fileno(), tmp)
             f.close()
         except OSError as e:
-            raise named(e, tmp) from e
+            raise named(e, tmp or path) from e
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):  # its flush fails again on a full disk
             f.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
         raise
+
+
+def _link_unnamed(fd: int, name: str) -> None:
+    """Gives an O_TMPFILE file a name: linkat(2) following /proc/self/fd/N (os.link calls
+    link(2), which does not follow it); where that fails, its bytes copied to `name`."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, at_symlink_follow = -100, 0x400
+    if libc.linkat(at_fdcwd, f"/proc/self/fd/{fd}".encode(), at_fdcwd, os.fsencode(name),
+                   at_symlink_follow) == 0:
+        return
+    with open(f"/proc/self/fd/{fd}", "rb") as src, open(name, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
 
 
 def abandon_output_dir(out: str | os.PathLike) -> None:
