@@ -142,3 +142,27 @@ def test_a_writer_killed_mid_file_leaves_nothing(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == -9, r.stderr
     assert list(out.iterdir()) == []
+
+
+def test_a_checkpoint_cut_short_leaves_no_partial_directory(tmp_path):
+    """F42: a checkpoint whose write failed (a full disk; here the file-size limit, which
+    fails writes the same way) left `ckpt-N_temp/` beside the checkpoints. The failed save
+    is named and its partial directory removed; a restore removes any left by a kill."""
+    src = libsvm_rows(tmp_path / "day.libsvm", 10_000)
+    md = tmp_path / "m"
+    # A table of 300,000 rows: its checkpoint (with Adam's slots) is far over 8 MB.
+    r = subprocess.run([sys.executable, "-m", "ctrtrain.cli", "train", "--train", str(src),
+                        "--model-dir", str(md), "--feature-size", "300000", "--steps", "2",
+                        "--batch-size", "256"], capture_output=True, text=True, timeout=300,
+                       preexec_fn=_file_limit(8 << 20))
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "cannot write the checkpoint of step 2" in r.stderr, r.stderr[-2000:]
+    assert "File too large" in r.stderr and "function_node" not in r.stderr
+    assert not list((md / "checkpoints").glob("*_temp*"))
+    # One left by a process killed mid-save goes when the next run restores.
+    (md / "checkpoints" / "ckpt-2_temp").mkdir()
+    (md / "checkpoints" / "ckpt-2_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
+    run_cli("train", "--train", src, "--model-dir", md, "--steps", 2, "--batch-size", 256,
+            "--feature-size", 600)
+    assert not list((md / "checkpoints").glob("*_temp*"))
+    assert list((md / "checkpoints").glob("ckpt-2.index"))

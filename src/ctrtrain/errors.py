@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 
 class CtrError(Exception):
@@ -33,9 +34,13 @@ class ConfigError(CtrError):
 
 
 def first_line(e: Exception) -> str:
-    """An error's message, its first line: a TensorFlow OpError's rest is a C++ stack."""
+    """An error's message, its first line: a TensorFlow OpError's rest is a C++ stack, and
+    its `{{function_node ...}}` prefix and `[Op:...]` suffix name TensorFlow's internals."""
     text = (getattr(e, "message", None) or str(e)).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text.splitlines()[0])
+    return re.sub(r"\s*\[Op:[A-Za-z0-9_]+\]$", "", line) or text.splitlines()[0]
 
 
 def named(error: OSError, path: str | os.PathLike) -> OSError:

@@ -158,6 +158,7 @@ def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt):
             os.replace(state, aside)
             print(f"warning: {state} is damaged ({problem}); set aside as {aside.name}, "
                   "checkpoints found by name instead", flush=True)
+    remove_partial_checkpoints(ckpt_dir)
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
     manager = tf.train.CheckpointManager(ckpt, str(ckpt_dir), max_to_keep=cfg.keep_checkpoints)
     candidates = sorted(((int(p.name[5:-6]), str(p)[:-6]) for p in ckpt_dir.glob("ckpt-*.index")
@@ -191,6 +192,16 @@ def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt):
     return manager, 0
 
 
+def remove_partial_checkpoints(ckpt_dir: Path) -> None:
+    """TensorFlow writes a checkpoint's shards under `ckpt-N_temp/` and merges them into
+    `ckpt-N.*` when all are written: a save cut short (a full disk, a killed process)
+    leaves that directory, never a checkpoint any restore reads. Removed after a failed
+    save and before a run restores (no save is under way then)."""
+    for part in ckpt_dir.glob("ckpt-*_temp*"):
+        if part.is_dir():
+            shutil.rmtree(part, ignore_errors=True)
+
+
 def write_checkpoint(manager, step: int) -> None:
     """manager.save, with TensorFlow's write errors (a full disk, a vanished directory) named
     as the user's to fix instead of a traceback; the earlier checkpoints stay as they were."""
@@ -198,6 +209,7 @@ def write_checkpoint(manager, step: int) -> None:
     try:
         manager.save(checkpoint_number=step)
     except tf.errors.OpError as e:
+        remove_partial_checkpoints(Path(manager.directory))
         from ..errors import CtrError
         raise CtrError(f"cannot write the checkpoint of step {step} in {manager.directory}: "
                        f"{first_line(e)}") from None
