@@ -342,6 +342,8 @@ def test_second_reader_of_a_fifo_is_an_error_not_a_hang(tmp_path):
      "framework_version: 2.1 is a number: quote it ('2.10')"),
     (lambda s: s.update(framework_version="2.9-gpu", distribution={"mode": "single"}),
      "framework_version: '2.9-gpu' is not a TensorFlow 2 release"),
+    (lambda s: s.update(time_limit=float("inf")), "time_limit: a finite number of seconds > 0"),
+    (lambda s: s.update(watchdog=float("nan")), "watchdog: a finite number of seconds > 0"),
 ])
 def test_invalid_specs_name_the_key(tmp_path, mutate, message):
     (tmp_path / "d").mkdir()
@@ -375,6 +377,16 @@ def test_yaml_is_parsed_safely(tmp_path):
     (tmp_path / "evil.yaml").write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_spec(tmp_path / "evil.yaml")
+    # A key given twice (yaml.safe_load keeps the last, silently), in a job spec and in a
+    # training configuration file: named with its line.
+    (tmp_path / "twice.yaml").write_text("name: x\ntime_limit: 60\noutput_dir: run\n"
+                                         "time_limit: 6000\n")
+    with pytest.raises(ConfigError, match="line 4: the key 'time_limit' is given twice"):
+        load_spec(tmp_path / "twice.yaml")
+    from ctrtrain.train.config import load_config_file
+    (tmp_path / "train.yaml").write_text("model:\n  dropout: 0.5\n  dropout: 0\n")
+    with pytest.raises(ConfigError, match="line 3: the key 'dropout' is given twice"):
+        load_config_file(tmp_path / "train.yaml")
 
 
 # Recorded environments: what SageMaker / a TFJob would give each container.

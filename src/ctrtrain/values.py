@@ -67,3 +67,30 @@ def choice(*allowed, lower=True):
             raise ValueError(f"{v!r} is not one of {', '.join(allowed)}")
         return text
     return parse
+
+
+def load_yaml(text: str):
+    """YAML as yaml.safe_load reads it (no code runs), but a mapping that repeats a key is a
+    ValueError naming the key and its line: safe_load keeps the last silently, so a spec
+    holding `time_limit` twice would run under whichever came last."""
+    import yaml
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:       # an unhashable key: the constructor names it
+                continue
+            if repeated:
+                raise ValueError(f"line {key_node.start_mark.line + 1}: the key {key!r} is "
+                                 "given twice")
+        return loader.construct_mapping(node, deep)
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=Strict)

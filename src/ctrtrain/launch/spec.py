@@ -4,11 +4,14 @@ errors that name the bad key and say what is allowed. Parsed with yaml.safe_load
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from pathlib import Path
 
 import yaml
+
+from ..values import load_yaml
 
 from ..cluster.plan import Group, Topology
 from ..cluster.sagemaker import HOMOGENEOUS
@@ -133,12 +136,19 @@ def _safe_path(base: Path, value, key) -> str:
     return os.path.normpath(str(p if p.is_absolute() else (base / p)))
 
 
+def _seconds(v) -> bool:
+    """A finite number as YAML gives it (not a boolean; `.inf` and `.nan` are floats)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def load_spec(path: str | os.PathLike, overrides: dict | None = None) -> JobSpec:
     path = Path(path)
     try:
         if path.stat().st_size > MAX_SPEC_BYTES:
             raise ConfigError(f"job spec {path} is over {MAX_SPEC_BYTES >> 20} MB: not a job spec")
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
+    except ValueError as e:     # a repeated key
+        raise ConfigError(f"job spec {path}: {e}") from None
     except FileNotFoundError:
         raise ConfigError(f"job spec {path} does not exist") from None
     except yaml.YAMLError as e:
@@ -313,18 +323,16 @@ def parse_spec(raw: dict, base: Path = Path("."), spec_path: str | None = None) 
 
     out = _safe_path(base, raw["output_dir"], "output_dir")
     tl = raw.get("time_limit")
-    _expect(tl is None or (isinstance(tl, (int, float)) and not isinstance(tl, bool) and tl > 0),
-            "time_limit", "seconds > 0")
+    _expect(tl is None or (_seconds(tl) and tl > 0), "time_limit", "a finite number of seconds > 0")
     wd = raw.get("watchdog", 600)
-    _expect(wd is None or (isinstance(wd, (int, float)) and not isinstance(wd, bool) and wd > 0),
-            "watchdog", "seconds > 0 or null")
+    _expect(wd is None or (_seconds(wd) and wd > 0), "watchdog",
+            "a finite number of seconds > 0, or null")
     # SageMaker serves as many Pipe epochs as a script reads; a cap is optional.
     pipe_epochs = None if raw.get("pipe_epochs") is None else _int(raw, "pipe_epochs", "job", 1)
     retries = _int(raw, "max_retry_attempts", "job", 0, minimum=0)
     _expect(retries <= 30, "job.max_retry_attempts", f"at most 30 (SageMaker's limit), got {retries}")
     free = raw.get("min_free_disk_mb", 256)
-    _expect(isinstance(free, (int, float)) and not isinstance(free, bool) and free >= 0,
-            "min_free_disk_mb", "megabytes >= 0")
+    _expect(_seconds(free) and free >= 0, "min_free_disk_mb", "a finite number of megabytes >= 0")
     model_dir = raw.get("model_dir")
     _expect(model_dir in (None, False) or (isinstance(model_dir, str) and model_dir), "model_dir",
             "a path, or false to pass none (as the estimator's model_dir=False)")

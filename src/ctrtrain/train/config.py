@@ -27,7 +27,7 @@ from ..models import MODELS
 from ..values import boolean as _bool
 from ..values import choice as _choice
 from ..values import drop_rate as _drop_rate
-from ..values import items, number
+from ..values import items, load_yaml, number
 from .threads import ThreadConfig
 
 SECTIONS = ("data", "model", "optimizer", "schedule", "distribution", "output")
@@ -363,9 +363,11 @@ def load_config_file(path) -> dict:
     from pathlib import Path
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = load_yaml(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"configuration file {p} does not exist") from None
+    except ValueError as e:     # a repeated key
+        raise ConfigError(f"configuration file {p}: {e}") from None
     except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as e:
         raise ConfigError(f"configuration file {p} is not valid YAML: {str(e)[:200]}") from None
     return settings_from_mapping(raw or {}, str(p))
