@@ -528,6 +528,11 @@ def test_damaged_or_unreadable_models_and_files_are_named(tmp_path, data, model)
         refused("predict", "--model", bad, "--input", rows, "--out", tmp_path / "p.csv",
                 match=f"{bad}: not a usable SavedModel, damaged or unreadable: {match}")
     assert not (tmp_path / "p.csv").exists()
+    # An empty input said "raw rows need vocab" (F24): it is named as empty.
+    (tmp_path / "none.csv").write_bytes(b"")
+    refused("predict", "--model", export, "--input", tmp_path / "none.csv", "--out",
+            tmp_path / "p.csv", match="none.csv: is empty: no rows to predict")
+    assert not (tmp_path / "p.csv").exists()
 
     shards = tmp_path / "shards"
     shutil.copytree(data / "tf" / "train", shards)

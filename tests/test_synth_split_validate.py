@@ -142,6 +142,14 @@ def test_validate_catches_tampering_and_range(tmp_path):
     open(p, "wb").write(bytes(data))
     r = run_cli("data", "validate", tmp_path / "tf", check=False)
     assert r.returncode == 2 and "sha256" in r.stderr and p in r.stderr
+    # A shard copied in after indexing (F28): the manifest does not list it, no reader reads
+    # it, and validate said nothing. Named now.
+    import shutil
+    shutil.copy(m.paths(tmp_path / "tf")[0], tmp_path / "tf" / "part-00002-of-00002.tfrecord")
+    with pytest.raises(DataError) as e:
+        validate(tmp_path / "tf")
+    assert any("part-00002-of-00002.tfrecord: a data file the manifest does not list" in p
+               for p in e.value.report["problems"]), e.value.report["problems"]
 
 
 def test_missing_and_empty_inputs_are_named(tmp_path):

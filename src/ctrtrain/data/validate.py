@@ -41,6 +41,9 @@ def validate(data_dir, *, max_bad_rows: int = 0, check_rows: bool = True) -> dic
         bad_rows += bad
         if n + len(bad) != entry.records:
             problems.append(f"{path}: {n + len(bad)} records, manifest says {entry.records}")
+    problems += [f"{p}: a data file the manifest does not list: training does not read it "
+                 "(`ctrtrain data index --overwrite` lists every file)"
+                 for p in unlisted_files(data_dir, m)]
     report = {"data_dir": str(data_dir), "format": m.format, "files": len(m.files),
               "records": records, "field_size": m.field_size, "feature_size": m.feature_size,
               "problems": problems, "bad_rows": [str(b) for b in bad_rows]}
@@ -51,6 +54,25 @@ def validate(data_dir, *, max_bad_rows: int = 0, check_rows: bool = True) -> dic
         err.report = report
         raise err
     return report
+
+
+def unlisted_files(data_dir, m) -> list[str]:
+    """Files beside the listed ones, named as they are (the same suffix, `.tfrecord`,
+    `.tfrecord.gz`, `.libsvm` ...), that the manifest does not list: a shard copied in after
+    indexing, whose records every reader would skip."""
+    listed = {os.path.normpath(p) for p in m.paths(data_dir)}
+    def kind(name: str) -> str:         # ".tfrecord", ".tfrecord.gz", ".libsvm"
+        parts = Path(name).suffixes
+        return "".join(parts[-2:] if parts[-1:] == [".gz"] else parts[-1:])
+    suffixes = {kind(f.path) for f in m.files}
+    folders = {os.path.dirname(p) for p in listed}
+    out = []
+    for folder in sorted(folders):
+        for e in sorted(Path(folder).iterdir()):
+            if e.is_file() and not e.name.startswith(".") and kind(e.name) in suffixes \
+                    and os.path.normpath(str(e)) not in listed:
+                out.append(str(e))
+    return out
 
 
 def _check_rows(path: str, m):

@@ -154,15 +154,17 @@ def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: 
             has_label: bool = True, batch: int = 4096, out_format: str | None = None) -> int:
     """Writes one prediction per input row (CSV `prob[,label]` or JSON lines); returns the count."""
     import tensorflow as tf
+    inputs = [str(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
+    for p in inputs:
+        if not os.path.exists(p):
+            raise DataError("no such file or directory", path=p)
+        if os.path.isfile(p) and os.path.getsize(p) == 0:    # no format to tell, no row
+            raise DataError("is empty: no rows to predict", path=p)
     export_dir = latest_export(model_path)
     info, serve = load_serving(export_dir)
     out_format = out_format or ("jsonl" if str(out_path).endswith((".jsonl", ".json")) else "csv")
     if out_format not in ("csv", "jsonl"):
         raise DataError(f"output format must be csv or jsonl, not {out_format!r}")
-    inputs = [str(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
-    for p in inputs:
-        if not os.path.exists(p):
-            raise DataError("no such file or directory", path=p)
     from ..data.files import check_not_input, staged
     check_not_input(out_path, inputs, "--out")
     check_not_input(str(out_path) + ".tmp", inputs, "--out")
