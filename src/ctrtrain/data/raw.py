@@ -4,6 +4,8 @@ read in chunks as columns of strings with their line numbers."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import io
 
 import numpy as np
@@ -128,10 +130,35 @@ def read_raw(path: str, fmt: str, schema: RawSchema | None = None, chunk_rows: i
         raise DataError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=path) from None
 
 
+def check_last_line(path: str, sep: str, columns: int) -> None:
+    """Warns when the last line has no line end and fewer than `columns` cells: a copy or
+    download stopped mid-row looks so, and its missing cells would be read as missing values
+    without a word. Only a warning: real Criteo files end so too (a last row whose trailing
+    empty fields were stripped, with no final line end), and the two cannot be told apart."""
+    size = os.path.getsize(path)
+    if not size:
+        return
+    with open(path, "rb") as f:
+        f.seek(max(0, size - (1 << 16)))
+        tail = f.read()
+    if tail.endswith(b"\n"):
+        return
+    last = tail.rsplit(b"\n", 1)[-1]
+    if b'"' in last:            # quoted cells: the separators cannot be counted here
+        return
+    cells = last.count(sep.encode()) + 1
+    if cells < columns:
+        from .files import count_lines
+        print(f"warning: {path}, line {count_lines(path)}: the last line has no line end and "
+              f"{cells} of {columns} cells; if the file was cut short, that row is incomplete "
+              "(its missing cells are read as missing values)", file=sys.stderr, flush=True)
+
+
 def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles, label_threshold):
     if fmt == "criteo":
         schema = schema or CRITEO
         names = ([schema.label] if has_label else []) + schema.fields
+        check_last_line(path, "\t", len(names))
         reader = pd.read_csv(path, sep="\t", header=None, names=names, dtype=str,
                              keep_default_na=False, na_filter=False, chunksize=chunk_rows,
                              engine="c", quoting=3)
@@ -154,6 +181,7 @@ def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles, lab
                    if c not in header]
         if missing:
             raise DataError(f"columns {missing} not in the header {header}", path=path, line=1)
+        check_last_line(path, ",", len(header))
         reader = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
                              chunksize=chunk_rows, engine="c")
         header_lines = 1
