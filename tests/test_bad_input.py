@@ -646,6 +646,22 @@ def test_a_declared_field_the_records_lack_is_refused(tmp_path):
             match="['tagz'] are not in the records")
 
 
+def test_a_declared_type_the_records_do_not_hold_is_named_plainly(tmp_path):
+    """F22: a manifest declaring `user` numeric where the records hold its ids was refused
+    with TensorFlow's 300-character `{{function_node ...}}` text. The record and the field are
+    named in plain words."""
+    tagged_rows(tmp_path / "f", 60, "--multi-hot")
+    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    fields = [dict(f, kind="numeric") if f["name"] == "user" else f for f in m["fields"]]
+    (tmp_path / "f" / "manifest.json").write_text(json.dumps({**m, "fields": fields}))
+    for args in (("data", "validate", tmp_path / "f"),
+                 ("train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m",
+                  "--batch-size", 16)):
+        err = refused(*args, match="record 0: Example does not match the schema (the "
+                      "manifest's declared fields): Key: user. Data types don't match")
+        assert "function_node" not in err and "[Op:" not in err
+
+
 def test_an_id_among_a_buckets_ids_is_refused(tmp_path):
     """F34: a bucketized field's ids (and a hashed field's) are rows the declaration gives it;
     a manifest moving `bucket_base` onto the records' own user ids made them share those

@@ -14,6 +14,7 @@ import contextlib
 import gzip
 import hashlib
 import os
+import re
 
 import google_crc32c
 import numpy as np
@@ -324,6 +325,7 @@ def _scan_records(ds, start: int, spec, schema_desc: str):
         try:
             tf.io.parse_single_example(s, spec)
         except tf.errors.InvalidArgumentError as e:
-            msg = e.message.splitlines()[0] if e.message else str(e)
+            from ..errors import first_line
+            msg = re.sub(r"\s+", " ", first_line(e))   # "Key: user.  Data types don't match ..."
             return i, f"Example does not match the schema ({schema_desc}): {msg}"
         i += 1

@@ -224,8 +224,8 @@ def explain_error(e: Exception, paths: list[str], *, fmt: str, field_size: int,
                              compression=compression, label_format=label_format, schema=schema)
     if found is not None:
         return found
-    msg = getattr(e, "message", str(e)).strip().splitlines()[0] if str(e).strip() else repr(e)
-    return DataError(f"reading the {what} failed: {msg}", path=", ".join(paths[:3]))
+    from ..errors import first_line
+    return DataError(f"reading the {what} failed: {first_line(e)}", path=", ".join(paths[:3]))
 
 
 def make_dataset(files: list[str], field_size: int, *, fmt: str = "tfrecord",
