@@ -644,6 +644,21 @@ def test_a_declared_field_the_records_lack_is_refused(tmp_path):
     refused("data", "validate", tmp_path / "f", match="['tagz'] are not in the records")
     refused("train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m",
             match="['tagz'] are not in the records")
+    # predict on records without a field the model declares (`tags` renamed `tagz`).
+    (tmp_path / "f" / "manifest.json").write_text(json.dumps(m))
+    code, _, err = cli("train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m",
+                       "--steps", 2, "--batch-size", 16)
+    assert code == 0, err
+    other = tmp_path / "o" / "day.csv"
+    other.parent.mkdir()
+    other.write_text("label,user,tagz\n" + "".join(f"{i % 2},u{i % 7},a|b\n" for i in range(20)))
+    code, _, err = cli("data", "featurize", other, "--out", tmp_path / "o" / "f", "--multi-hot",
+                       "tagz", "--min-count", 1)
+    assert code == 0, err
+    refused("predict", "--model", tmp_path / "m" / "export", "--input",
+            *sorted((tmp_path / "o" / "f").glob("*.tfrecord")), "--out", tmp_path / "p.csv",
+            match="['tags'] are not in the records")
+    assert not (tmp_path / "p.csv").exists()
 
 
 def test_a_declared_type_the_records_do_not_hold_is_named_plainly(tmp_path):

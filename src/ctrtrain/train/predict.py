@@ -63,6 +63,10 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
         if field_size != info["field_size"]:
             raise DataError(f"input has field_size {field_size}, the model expects "
                             f"{info['field_size']}", path=inputs[0])
+        if schema is not None and fmt == "tfrecord":
+            # A bag the records lack would be predicted from as empty (F30).
+            from ..data.validate import check_declared_keys
+            check_declared_keys(paths[0], schema, comp)
         try:
             for b in ds:
                 yield b["label"].numpy(), {k: v.numpy() for k, v in b.items() if k != "label"}
