@@ -570,7 +570,7 @@ def test_bags_are_bounded_before_anything_is_allocated(tmp_path):
     ffm.write_text("1 0:1:1 1:2:1\n0 0:3:1 " + " ".join(f"1:{i}:1" for i in range(long)) + "\n")
     code, out, err = cli("data", "convert", ffm, "--out", tmp_path / "ffm", "--shards", 1)
     assert code == 0, err
-    assert f"a row holds {long:,} pairs; max_len set to {MAX_LEN_LIMIT:,}" in out
+    assert f"a row holds {long:,} pairs ({ffm}, line 2); max_len set to {MAX_LEN_LIMIT:,}" in out
     assert f"f1: 1 rows hold more than max_len {MAX_LEN_LIMIT}" in out
     m = json.loads((tmp_path / "ffm" / "manifest.json").read_text())
     assert m["fields"][1]["max_len"] == MAX_LEN_LIMIT and m["records"] == 2
@@ -587,7 +587,7 @@ def test_bags_are_bounded_before_anything_is_allocated(tmp_path):
     csv.write_text("label,tags\n1,a|b\n0," + "|".join(f"t{i}" for i in range(long)) + "\n")
     code, out, err = cli("data", "featurize", csv, "--out", tmp_path / "f", "--multi-hot",
                          "tags", "--min-count", 1)
-    assert code == 0 and f"column tags: a cell holds {long:,} values" in out, err
+    assert code == 0 and f"column tags: a cell holds {long:,} values ({csv}, line 3)" in out, err
     assert json.loads((tmp_path / "f" / "manifest.json").read_text())["fields"][0][
         "max_len"] == MAX_LEN_LIMIT
     refused("data", "featurize", csv, "--out", tmp_path / "g", "--multi-hot", "tags",

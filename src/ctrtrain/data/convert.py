@@ -154,7 +154,7 @@ def _libffm_stats(task):
         for first, text in read_line_blocks(seg, BLOCK_LINES):
             block, b = parse_libffm(text, path=seg.path, first_line=first + 1,
                                     label_format=label_format, feature_size=feature_size)
-            stats, bad = stats.merge(FieldStats.of(block)), bad + b
+            stats, bad = stats.merge(FieldStats.of(block, seg.path)), bad + b
     return {"stats": stats, "bad": bad}
 
 

@@ -415,6 +415,7 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
                           declare=declare)
     counts: dict[str, Counter] = {}
     longest: dict[str, int] = {}
+    longest_at: dict[str, str] = {}
     sums, sample = None, QuantileSample() if buckets else None
     for p in paths:
         for schema, chunk in read(p):
@@ -430,7 +431,11 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
                 items = counts.setdefault(schema.shared.get(col, col), Counter())
                 for cell, c in zip(vc.index, vc.to_numpy().tolist()):
                     bag = split_bag(cell, schema.separator)
-                    longest[col] = max(longest.get(col, 1), len(bag))
+                    if len(bag) > longest.get(col, 1):
+                        longest[col] = len(bag)
+                        if len(bag) > MAX_LEN_LIMIT:    # the row a warning will name
+                            i = int(np.flatnonzero(chunk.lists[:, j] == cell)[0])
+                            longest_at[col] = f"{p}, line {chunk.first_line + i}"
                     for v in bag:
                         items[v] += c
     if schema is None:
@@ -438,7 +443,8 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
     lens = {c: min(longest.get(c, 1), max_len or MAX_LEN_LIMIT) for c in schema.lists}
     for c in schema.lists:
         if max_len is None and longest.get(c, 1) > MAX_LEN_LIMIT:
-            print(f"warning: column {c}: a cell holds {longest[c]:,} values; max_len set to "
+            print(f"warning: column {c}: a cell holds {longest[c]:,} values ({longest_at[c]}); "
+                  f"max_len set to "
                   f"{MAX_LEN_LIMIT:,} (every row is padded to it: --max-len to choose less), "
                   "longer cells are kept in the file and cut when read")
     stats = column_statistics(sums, schema.numeric) if scaled else {}

@@ -120,15 +120,19 @@ class FieldStats:
     fewest: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     most: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     weighted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, bool))
+    most_at: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, object))
+    # ^ per field, "path, line N" of a row holding `most` pairs (what a warning names)
 
     @classmethod
-    def of(cls, block: FfmBlock) -> "FieldStats":
+    def of(cls, block: FfmBlock, path: str = "<text>") -> "FieldStats":
         n, width = len(block), int(block.field.max()) + 1 if block.field.size else 0
         counts = _counts(block, width)
         weighted = np.zeros(width, bool)
         weighted[block.field[block.values != 1]] = True
+        at = np.array([f"{path}, line {block.lines[r]}" for r in counts.argmax(0)], object) \
+            if n else np.full(width, "", object)
         return cls(n, counts.min(0) if n else np.zeros(width, np.int64),
-                   counts.max(0) if n else np.zeros(width, np.int64), weighted)
+                   counts.max(0) if n else np.zeros(width, np.int64), weighted, at)
 
     def merge(self, other: "FieldStats") -> "FieldStats":
         if not other.rows:
@@ -138,10 +142,13 @@ class FieldStats:
         width = max(len(self.most), len(other.most))
 
         def pad(a):     # a field a block never holds: 0 pairs in its every row, no value
-            return np.concatenate([a, np.zeros(width - len(a), a.dtype)])
+            return np.concatenate([a, np.full(width - len(a), "" if a.dtype == object else 0,
+                                              a.dtype)])
+        mine = pad(self.most) >= pad(other.most)
         return FieldStats(self.rows + other.rows, np.minimum(pad(self.fewest), pad(other.fewest)),
                           np.maximum(pad(self.most), pad(other.most)),
-                          pad(self.weighted) | pad(other.weighted))
+                          pad(self.weighted) | pad(other.weighted),
+                          np.where(mine, pad(self.most_at), pad(other.most_at)))
 
     def declare(self, say=print) -> Schema:
         """The fields; a bag's max_len is the most pairs a row holds, at most MAX_LEN_LIMIT
@@ -153,7 +160,8 @@ class FieldStats:
                 continue
             most = max(1, int(self.most[j]))
             if most > MAX_LEN_LIMIT:
-                say(f"warning: field {j} ({field_name(j)}): a row holds {most:,} pairs; max_len "
+                say(f"warning: field {j} ({field_name(j)}): a row holds {most:,} pairs "
+                    f"({self.most_at[j]}); max_len "
                     f"set to {MAX_LEN_LIMIT:,} (every row is padded to it), longer rows are cut "
                     "when read and counted in the manifest")
                 most = MAX_LEN_LIMIT
