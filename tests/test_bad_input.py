@@ -220,11 +220,7 @@ def test_cache_beyond_the_memory_left_is_refused_with_sizes(tmp_path):
     370 MiB). The parsed size is estimated against the memory left, cgroup limit included,
     and the run refused before reading, naming both sizes."""
     tagged_rows(tmp_path / "f", 10_000, "--multi-hot")
-    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
-    fields = [dict(f, max_len=5_000) if f["name"] == "tags" else f for f in m["fields"]]
-    code, _, err = cli("data", "index", tmp_path / "f", "--fields", json.dumps(fields),
-                       "--overwrite")
-    assert code == 0, err
+    tags_reindexed(tmp_path / "f", max_len=5_000)
     cg = memory_cgroup(tmp_path, 900 << 20)
     try:
         r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
@@ -601,11 +597,7 @@ def test_what_a_declaration_cuts_or_leaves_empty_is_reported(tmp_path):
     997 of them empty, without a word. Both are reported (kept, not refused: a user may mean
     it), and the index's manifest records the count as featurize's does."""
     tagged_rows(tmp_path / "f", 30, "--multi-hot")
-    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
-    fields = [dict(f, max_len=1) if f["name"] == "tags" else f for f in m["fields"]]
-    code, out, err = cli("data", "index", tmp_path / "f", "--fields", json.dumps(fields),
-                         "--overwrite")
-    assert code == 0, err
+    out = tags_reindexed(tmp_path / "f", max_len=1)
     assert "tags: 30 rows hold more than max_len 1" in out, out
     indexed = json.loads((tmp_path / "f" / "manifest.json").read_text())
     assert indexed["extra"]["longer_than_max_len"] == {"tags": 30}
@@ -623,6 +615,16 @@ def tagged_rows(out, rows: int, kind: str) -> None:
         f"{i % 2},u{i % 7},a|b{i % 3}\n" for i in range(rows)))
     code, _, err = cli("data", "featurize", csv, "--out", out, kind, "tags", "--min-count", 1)
     assert code == 0, err
+
+
+def tags_reindexed(d, max_len: int) -> str:
+    """`data index --fields` over tagged_rows' files with the tags bag declared at max_len;
+    its stdout."""
+    m = json.loads((d / "manifest.json").read_text())
+    fields = [dict(f, max_len=max_len) if f["name"] == "tags" else f for f in m["fields"]]
+    code, out, err = cli("data", "index", d, "--fields", json.dumps(fields), "--overwrite")
+    assert code == 0, err
+    return out
 
 
 def test_a_declared_field_the_records_lack_is_refused(tmp_path):
