@@ -174,8 +174,8 @@ BAD_BATCH = "ctrtrain: a batch holds a record that is not valid"
 def _bad_rows(b, feature_size: int) -> list:
     """(per-row bool [B], what is wrong) for each check a record must pass: ids inside the
     table (-1 pads a bag), finite values."""
-    def rows(ok):
-        return ~tf.reduce_all(ok, axis=1)
+    def rows(checks):       # per row, without copying the batch into one tensor
+        return ~tf.math.reduce_all(tf.stack([tf.reduce_all(c, axis=1) for c in checks]), 0)
     ids_ok = [(b["ids"] >= 0) & (b["ids"] < feature_size)]
     finite = [tf.math.is_finite(b["values"])]
     if "numeric" in b:
@@ -183,8 +183,8 @@ def _bad_rows(b, feature_size: int) -> list:
     if "bag_ids" in b:
         ids_ok.append((b["bag_ids"] >= -1) & (b["bag_ids"] < feature_size))
         finite.append(tf.math.is_finite(b["bag_weights"]))
-    return [(rows(tf.concat(ids_ok, 1)), f"an id outside the table [0, {feature_size})"),
-            (rows(tf.concat(finite, 1)), "a value that is not finite")]
+    return [(rows(ids_ok), f"an id outside the table [0, {feature_size})"),
+            (rows(finite), "a value that is not finite")]
 
 
 def check_batch(b, feature_size: int):
