@@ -211,6 +211,16 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
         ex.features.feature[name].CopyFrom(feature)
         with pytest.raises(tf.errors.InvalidArgumentError, match=f"record 1 of the request has {what}"):
             serve(examples=tf.constant([good, ex.SerializeToString()]))
+    # A record without a bag's key would read as an empty bag: refused, while an empty list
+    # (what featurize writes for an empty cell) is scored.
+    bag = next(f["name"] for f in manifest["fields"] if f["kind"] == "multi_hot")
+    ex = tf.train.Example.FromString(good)
+    del ex.features.feature[bag].int64_list.value[:]
+    assert serve(examples=tf.constant([good, ex.SerializeToString()]))["prob"].shape == [2]
+    del ex.features.feature[bag]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=f"record 1 of the request has no feature {bag} "):
+        serve(examples=tf.constant([good, ex.SerializeToString()]))
     # Data of other fields is refused by name, not predicted from.
     bad = ctrtrain("predict", "--model", md / "export", "--input", PREVIOUS / "test",
                    "--out", tmp_path / "x.csv")

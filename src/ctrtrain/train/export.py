@@ -40,7 +40,8 @@ class _Serving(tf.Module):
             spec["bag_ids"] = tf.TensorSpec([None, width], tf.int64, name="bag_ids")
             spec["bag_weights"] = tf.TensorSpec([None, width], tf.float32, name="bag_weights")
 
-        from ..input.pipeline import check_request, parse_fields_batch, parse_tfrecord_batch
+        from ..input.pipeline import (check_request, check_request_keys, parse_fields_batch,
+                                      parse_tfrecord_batch)
 
         @tf.function(input_signature=[spec], autograph=False)
         def serve(features):
@@ -51,6 +52,9 @@ class _Serving(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
                      autograph=False)
         def serve_examples(examples):
+            if schema is not None:
+                with tf.control_dependencies(check_request_keys(examples, schema)):
+                    examples = tf.identity(examples)
             features = parse_tfrecord_batch(examples, cfg.field_size, with_label=False) \
                 if schema is None else parse_fields_batch(examples, schema, with_label=False)
             logits, _ = self.model(check_request(features, cfg.feature_size), training=False)
