@@ -675,8 +675,26 @@ def test_a_declared_type_the_records_do_not_hold_is_named_plainly(tmp_path):
                  ("train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m",
                   "--batch-size", 16)):
         err = refused(*args, match="record 0: Example does not match the schema (the "
-                      "manifest's declared fields): Key: user. Data types don't match")
+                      "manifest's declared fields): user holds int64 values where the "
+                      "schema reads float32")
         assert "function_node" not in err and "[Op:" not in err
+
+
+def test_a_field_size_the_records_do_not_hold_is_named_with_both_counts(tmp_path):
+    """F22: a fixed-schema manifest edited to field_size 40 over records of 39 ids was
+    refused with TensorFlow's "Some int64_list slice was not parsed": the counts are named."""
+    code, _, err = cli("data", "synth", "--rows", 400, "--feature-size", 300, "--out",
+                       tmp_path / "s")
+    assert code == 0, err
+    code, _, err = cli("data", "convert", tmp_path / "s" / "train", "--out", tmp_path / "t")
+    assert code == 0, err
+    m = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    (tmp_path / "t" / "manifest.json").write_text(json.dumps({**m, "field_size": 40}))
+    for args in (("data", "validate", tmp_path / "t"),
+                 ("train", "--train", tmp_path / "t", "--model-dir", tmp_path / "m",
+                  "--batch-size", 64)):
+        refused(*args, match="record 0: Example does not match the schema (label[1], "
+                "ids/values[field_size]): ids holds 39 values where the schema reads 40")
 
 
 def test_an_id_among_a_buckets_ids_is_refused(tmp_path):

@@ -310,6 +310,37 @@ def _parsed_blocks(path, spec, compression, batch, schema_desc):
         done += n
 
 
+_LISTS = {"int64_list": "int64", "float_list": "float32", "bytes_list": "string"}
+
+
+def _mismatch(serialized: bytes, spec) -> str | None:
+    """What a record that TensorFlow could not parse holds against the spec, in the schema's
+    terms ("ids holds 39 values where the schema reads 40"), where TensorFlow says only "Some
+    int64_list slice was not parsed"; None if the record is not a readable Example or the
+    difference is something else."""
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.example import example_pb2
+    try:
+        held = example_pb2.Example.FromString(serialized).features.feature
+    except DecodeError:
+        return None
+    for key, want in spec.items():
+        if key not in held:
+            if isinstance(want, tf.io.FixedLenFeature) and want.default_value is None:
+                return f"the record has no feature {key}"
+            continue
+        kind = held[key].WhichOneof("kind")
+        values = len(getattr(held[key], kind).value) if kind else 0
+        if kind and _LISTS[kind] != want.dtype.name:
+            return f"{key} holds {_LISTS[kind]} values where the schema reads {want.dtype.name}"
+        if isinstance(want, tf.io.FixedLenFeature):
+            n = int(np.prod(want.shape))
+            if values != n:
+                return f"{key} holds {values} values where the schema reads {n}"
+    return None
+
+
 def _scan_records(ds, start: int, spec, schema_desc: str):
     """(index, message) of the first record at or after `start` that cannot be read/parsed."""
     import tensorflow as tf
@@ -326,6 +357,6 @@ def _scan_records(ds, start: int, spec, schema_desc: str):
             tf.io.parse_single_example(s, spec)
         except tf.errors.InvalidArgumentError as e:
             from ..errors import first_line
-            msg = re.sub(r"\s+", " ", first_line(e))   # "Key: user.  Data types don't match ..."
+            msg = _mismatch(s.numpy(), spec) or re.sub(r"\s+", " ", first_line(e))
             return i, f"Example does not match the schema ({schema_desc}): {msg}"
         i += 1
