@@ -268,6 +268,30 @@ def test_bad_settings_are_named(synth, tmp_path):
     assert recorded["shuffle_buffer"] == 240_000
     code, _, err = cli(*train_args(root, tmp_path / "m3", "--steps", "8", "--table-updates", "lazy"))
     assert code == 2 and "table_updates='dense'" in err, err
+    # batch_size / embedding_size auto on a split of 102,400 records or more: 1024 and 16.
+    ctrtrain_here(*train_args(root, tmp_path / "m4", "--steps", "2", "--no-export",
+                              "--batch-size", "auto", "--embedding-size", "auto"))
+    recorded = json.loads((tmp_path / "m4" / "train_config.json").read_text())
+    assert (recorded["batch_size"], recorded["embedding_size"]) == (1024, 16)
+
+
+def test_batch_and_width_auto_follow_the_training_rows(tmp_path):
+    """batch_size and embedding_size auto on a small split (fewer than 102,400 records):
+    256 and 4, recorded as numbers, the epoch counted in batches of 256; the same command
+    resumes (auto compares as what it resolved to)."""
+    code, _, err = cli("data", "synth", "--rows", 3000, "--feature-size", 500, "--out",
+                       tmp_path / "s")
+    assert code == 0, err
+    args = ("train", "--train", tmp_path / "s" / "train", "--model-dir", tmp_path / "m",
+            "--batch-size", "auto", "--embedding-size", "auto", "--no-export", "--quiet")
+    code, _, err = cli(*args)
+    assert code == 0, err
+    recorded = json.loads((tmp_path / "m" / "train_config.json").read_text())
+    assert (recorded["batch_size"], recorded["embedding_size"]) == (256, 4)
+    assert json.loads((tmp_path / "m" / "result.json").read_text())["step"] == 2400 // 256
+    code, _, err = cli(*args, "--epochs", 2)
+    assert code == 0, err
+    assert json.loads((tmp_path / "m" / "result.json").read_text())["step"] == 2 * (2400 // 256)
 
 
 @pytest.mark.slow

@@ -114,9 +114,14 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
     """One ctrtrain run; its evaluations per epoch."""
     from ..data.index import resolve_source
     from ..train import train
-    from ..train.config import TrainConfig
-    # An epoch is the whole batches of the training set, as training counts it.
-    steps_per_epoch = resolve_source(p["train"])[0].records // p["batch_size"]
+    from ..train.config import TrainConfig, table_scale
+    # An epoch is the whole batches of the training set, as training counts it, at the batch
+    # the run trains with (a variant's own, `auto` resolved as training resolves it).
+    records = resolve_source(p["train"])[0].records
+    settings = variant_settings(p["variant"])
+    batch = settings.get("batch_size", p["batch_size"])
+    batch = table_scale(records)["batch_size"] if batch == "auto" else batch
+    steps_per_epoch = records // batch
     with tempfile.TemporaryDirectory() as md:
         # The protocol's model settings that the model reads (LR has no MLP, ...); none for
         # the defaults protocol (the training defaults).
@@ -132,7 +137,7 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
             eval_test=True, checkpoint_every=0, export=False, progress=False, quiet=True,
             # Every epoch trained and its last model evaluated: the protocol picks the best.
             early_stopping=0, export_best=False)
-        cfg = TrainConfig(**{**base, **variant_settings(p["variant"])})
+        cfg = TrainConfig(**{**base, **settings})
         r = train(cfg)      # resolves table_updates auto in cfg
         events = [json.loads(line) for line in (Path(md) / "metrics.jsonl").read_text().splitlines()]
     epochs: dict[int, dict] = {}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..data.index import describe_source, source_files
 from ..errors import ConfigError, DataError
-from .config import TrainConfig, resolve_shuffle_buffer, resolve_table_updates
+from .config import (TrainConfig, resolve_shuffle_buffer, resolve_table_scale,
+                     resolve_table_updates)
 from .threads import data_options
 
 
@@ -17,7 +18,8 @@ def check_data(cfg: TrainConfig):
     """(train manifest, table rows): the training data's, checked against the other splits.
     A Pipe channel's manifest is made from the config (no files, records unknown). Once the
     table's size is known, table_updates `auto` becomes what it chooses for it, and
-    shuffle_buffer `auto` what it chooses for the data's size."""
+    shuffle_buffer, batch_size and embedding_size `auto` what they choose for the data's
+    size."""
     from ..data.index import resolve_source
     from ..data.manifest import Manifest, declared_fields
     if cfg.input_mode == "Pipe":    # field_size or fields, and feature_size (check_config)
@@ -53,6 +55,7 @@ def check_data(cfg: TrainConfig):
             check_first_record(o, root)
     resolve_table_updates(cfg, feature_size)
     resolve_shuffle_buffer(cfg, m)
+    resolve_table_scale(cfg, m)
     if m.schema is not None:
         check_bag_memory(m.schema, cfg.batch_size, cfg.embedding_size,
                          "fields" if cfg.input_mode == "Pipe" else describe_source(cfg.train_dir))
