@@ -612,6 +612,37 @@ def _train_commands(sub):
     p.add_argument("--batch-size", type=POSITIVE, default=4096)
     p.set_defaults(func=cmd_predict)
 
+    p = sub.add_parser("evaluate", help="a SavedModel's AUC, logloss, gAUC, calibration and "
+                       "unknown values on labeled data",
+                       description="Evaluate an exported model on labeled data (raw CSV, "
+                       "TFRecord, libsvm or libffm, read as predict reads it): AUC, logloss, "
+                       "gAUC by a column (--group), the mean prediction against the positive "
+                       "rate, the expected calibration error over equal-width bins with a "
+                       "reliability diagram, and the share of unknown values per field. "
+                       "Prints a table; --json writes the report (docs/evaluate.md).")
+    p.add_argument("--model", required=True, help="a SavedModel, or a model dir's export/ base")
+    p.add_argument("--input", required=True, nargs="+",
+                   help="labeled data: a data dir, TFRecord, libsvm, libffm or raw CSV files")
+    p.add_argument("--input-format", choices=["auto", "dir", "tfrecord", "libsvm", "libffm", "raw"],
+                   default="auto", help="the input's format (default: %(default)s, told from "
+                   "the first input)")
+    p.add_argument("--vocab", default=None,
+                   help="vocabulary for raw rows and unknown values (default: the model's)")
+    p.add_argument("--group", default=None, metavar="COLUMN",
+                   help="gAUC over the groups of this column: a raw CSV column's values, or a "
+                        "declared categorical field's ids (default: no gAUC)")
+    p.add_argument("--bins", type=POSITIVE, default=10,
+                   help="equal-width probability bins of the calibration error and the "
+                        "reliability diagram (default: %(default)s)")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the report as JSON here (default: print the table only)")
+    p.add_argument("--plot", default=None, metavar="PATH",
+                   help="write the reliability diagram (PNG) here (default: beside --json, "
+                        "its name ending .png; none without --json)")
+    p.add_argument("--batch-size", type=POSITIVE, default=4096,
+                   help="rows scored at a time (default: %(default)s)")
+    p.set_defaults(func=cmd_evaluate)
+
 
 def train_config_from_args(a):
     """Defaults < the --config file < flags; the batch size, when given nowhere, is the tuned
@@ -659,10 +690,36 @@ def cmd_train(a):
 
 
 def cmd_predict(a):
-    from .train.predict import predict
-    n = predict(a.model, a.input, a.out, input_format=a.input_format, vocab=a.vocab,
-                has_label=not a.no_label, batch=a.batch_size)
+    from .train.predict import predict_scored, resolve_format
+    n, scored = predict_scored(a.model, a.input, a.out, input_format=a.input_format,
+                               vocab=a.vocab, has_label=not a.no_label, batch=a.batch_size)
     print(f"wrote {n:,} predictions to {a.out}")
+    if scored is not None and len(scored[0]):
+        # Labeled input: the headline figures (`ctrtrain evaluate` has the rest); not for
+        # data whose manifest says its labels are placeholders (featurize --no-label).
+        from .train.evaluation_report import headline, unlabeled_input
+        inputs = [str(p) for p in a.input]
+        fmt = resolve_format(inputs, a.input_format)
+        if fmt == "raw" or unlabeled_input(inputs, fmt, None) is None:
+            print(headline(*scored))
+
+
+def cmd_evaluate(a):
+    from .train.evaluation_report import (check_outputs, default_plot_path, evaluate_model,
+                                          format_report, plot_reliability, write_json)
+    plot = a.plot or default_plot_path(a.json)
+    check_outputs([a.json, plot], [str(p) for p in a.input])
+    report = evaluate_model(a.model, a.input, input_format=a.input_format, vocab=a.vocab,
+                            group=a.group, bins=a.bins, batch=a.batch_size)
+    report["plot"] = plot
+    if plot:
+        plot_reliability(report, plot)
+    if a.json:
+        write_json(report, a.json)
+    print(format_report(report))
+    for what, path in (("report", a.json), ("reliability diagram", plot)):
+        if path:
+            print(f"wrote the {what} to {path}")
 
 
 def _tune_command(sub):

@@ -15,23 +15,37 @@ from ..progress import bar
 from .export import EXTRA, INFO, VOCAB, latest_export
 
 
+INPUT_FORMATS = ("auto", "dir", "tfrecord", "libsvm", "libffm", "raw")
+
+
+def resolve_format(inputs: list[str], input_format: str = "auto") -> str:
+    """The input's format: `input_format`, or with "auto" told from the first input (a
+    directory, TFRecord, libffm, libsvm, else raw rows)."""
+    if input_format != "auto":
+        return input_format
+    from ..data.index import detect_format
+    first = inputs[0]
+    if os.path.isdir(first):
+        return "dir"     # with its manifest, or indexed now (data/index.py)
+    if detect_format(first)[0] == "tfrecord":
+        return "tfrecord"
+    from ..data.libffm import is_libffm
+    with open(first, "rb") as f:
+        head = f.readline()
+    return "libffm" if is_libffm(first) else \
+        "libsvm" if b":" in head and b"\t" not in head else "raw"
+
+
+def vocabulary_path(export_dir: str, vocab: str | None) -> str:
+    """The featurization vocabulary raw rows are read through: --vocab, else the model's."""
+    return vocab or os.path.join(export_dir, EXTRA, VOCAB)
+
+
 def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, vocab: str | None,
             has_label: bool, batch: int):
     """Yields (labels or None, features) blocks in input order: features as the serving
     signature takes them (ids, values; with declared fields numeric, bag_ids, bag_weights)."""
-    if input_format == "auto":
-        from ..data.index import detect_format
-        first = inputs[0]
-        if os.path.isdir(first):
-            input_format = "dir"     # with its manifest, or indexed now (data/index.py)
-        elif detect_format(first)[0] == "tfrecord":
-            input_format = "tfrecord"
-        else:
-            from ..data.libffm import is_libffm
-            with open(first, "rb") as f:
-                head = f.readline()
-            input_format = "libffm" if is_libffm(first) else \
-                "libsvm" if b":" in head and b"\t" not in head else "raw"
+    input_format = resolve_format(inputs, input_format)
     if input_format == "libffm":
         yield from _libffm_blocks(inputs, info, batch)
         return
@@ -78,7 +92,7 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
     if input_format != "raw":
         raise DataError(f"unknown input format {input_format!r}")
     from ..data.featurize import Vocabulary, featurize_file
-    vocab_path = vocab or os.path.join(export_dir, EXTRA, VOCAB)
+    vocab_path = vocabulary_path(export_dir, vocab)
     if not os.path.exists(vocab_path):
         raise DataError("raw rows need the featurization vocabulary: the model has none "
                         "(pass --vocab)", path=vocab_path)
@@ -103,6 +117,34 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
                 part = rows.slice(a, a + batch)
                 parsed = parse_fields_batch(tf.constant(encode_field_examples(part, fields)), fields)
                 yield labels, {k: t.numpy() for k, t in parsed.items() if k != "label"}
+
+
+def raw_header(path: str, vocab) -> list[str]:
+    """The column names of a raw file as _blocks reads it through `vocab`: a CSV's header;
+    for Criteo's TSV (no header) the vocabulary's label and field names, in file order."""
+    import pandas as pd
+
+    from ..data.raw import sniff_format
+    if sniff_format(path) == "criteo":
+        return [vocab.schema.label or "label"] + vocab.schema.fields
+    return pd.read_csv(path, nrows=0).columns.tolist()
+
+
+def raw_column(inputs: list[str], column: str, vocab, chunk_rows: int = 200_000):
+    """Yields a raw column's values (str, '' when empty) in input order, chunk by chunk:
+    the rows _blocks reads from the same files (pandas' reader with the options read_raw
+    uses), for a column the vocabulary need not know (one it dropped, or `id`)."""
+    import pandas as pd
+
+    from ..data.raw import sniff_format
+    for path in inputs:
+        if sniff_format(path) == "criteo":
+            kw = dict(sep="\t", header=None, names=raw_header(path, vocab), quoting=3)
+        else:
+            kw = {}
+        for frame in pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
+                                 usecols=[column], chunksize=chunk_rows, engine="c", **kw):
+            yield frame[column].fillna("").to_numpy(object)
 
 
 def _libffm_blocks(inputs: list[str], info: dict, batch: int):
@@ -154,18 +196,54 @@ def load_serving(export_dir: str):
     return info, serve
 
 
-def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: str | None = None,
-            has_label: bool = True, batch: int = 4096, out_format: str | None = None) -> int:
-    """Writes one prediction per input row (CSV `prob[,label]` or JSON lines); returns the count."""
-    import tensorflow as tf
+def check_inputs(inputs) -> list[str]:
+    """The input paths as strings; each must exist, and a file must not be empty."""
     inputs = [str(p) for p in ([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)]
     for p in inputs:
         if not os.path.exists(p):
             raise DataError("no such file or directory", path=p)
         if os.path.isfile(p) and os.path.getsize(p) == 0:    # no format to tell, no row
             raise DataError("is empty: no rows to predict", path=p)
-    export_dir = latest_export(model_path)
-    info, serve = load_serving(export_dir)
+    return inputs
+
+
+class Scorer:
+    """A SavedModel over inputs: the one reading path of `predict` and `evaluate`. Made
+    eagerly (inputs checked, the export loaded), so that a refusal comes before any output;
+    blocks() then scores the input in order."""
+
+    def __init__(self, model_path, inputs, *, input_format: str = "auto",
+                 vocab: str | None = None, has_label: bool = True, batch: int = 4096):
+        self.inputs = check_inputs(inputs)
+        self.export_dir = latest_export(model_path)
+        self.info, self.serve = load_serving(self.export_dir)
+        self.input_format, self.vocab = input_format, vocab
+        self.has_label, self.batch = has_label, batch
+
+    def blocks(self):
+        """Yields (labels or None, probabilities float32, features) per block, in input order."""
+        import tensorflow as tf
+        for labels, features in _blocks(self.inputs, self.info, self.export_dir,
+                                        self.input_format, self.vocab, self.has_label, self.batch):
+            probs = self.serve(**{k: tf.constant(v) for k, v in features.items()})["prob"].numpy()
+            yield labels, probs, features
+
+
+def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: str | None = None,
+            has_label: bool = True, batch: int = 4096, out_format: str | None = None) -> int:
+    """Writes one prediction per input row (CSV `prob[,label]` or JSON lines); returns the count."""
+    return predict_scored(model_path, inputs, out_path, input_format=input_format, vocab=vocab,
+                          has_label=has_label, batch=batch, out_format=out_format)[0]
+
+
+def predict_scored(model_path, inputs, out_path, *, input_format: str = "auto",
+                   vocab: str | None = None, has_label: bool = True, batch: int = 4096,
+                   out_format: str | None = None):
+    """predict(), returning (the count, (labels, probabilities) or None): the labels and
+    probabilities of every row when the input is labeled (for the headline figures)."""
+    scorer = Scorer(model_path, inputs, input_format=input_format, vocab=vocab,
+                    has_label=has_label, batch=batch)
+    inputs = scorer.inputs
     out_format = out_format or ("jsonl" if str(out_path).endswith((".jsonl", ".json")) else "csv")
     if out_format not in ("csv", "jsonl"):
         raise DataError(f"output format must be csv or jsonl, not {out_format!r}")
@@ -175,13 +253,15 @@ def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: 
     if os.path.isdir(out_path):
         raise DataError("--out is a directory; give a file name", path=str(out_path))
     n = 0
+    kept_labels, kept_probs = [], []
     with staged(out_path, "w") as out, bar(desc="predict", unit="rows") as pb:
         if out_format == "csv":
             out.write("row,prob" + (",label" if has_label else "") + "\n")
-        for labels, features in _blocks(inputs, info, export_dir, input_format, vocab,
-                                        has_label, batch):
-            probs = serve(**{k: tf.constant(v) for k, v in features.items()})["prob"].numpy()
+        for labels, probs, _ in scorer.blocks():
             rows = np.arange(n, n + len(probs))
+            if has_label and labels is not None:
+                kept_labels.append(np.asarray(labels, np.float32))
+                kept_probs.append(probs)
             if out_format == "csv":
                 # Full float32 precision (9 significant digits): rounding makes ties
                 # that change the AUC on low-CTR data.
@@ -195,4 +275,6 @@ def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: 
                     out.write(json.dumps(rec) + "\n")
             n += len(probs)
             pb.update(len(probs))
-    return n
+    if not kept_labels:
+        return n, None
+    return n, (np.concatenate(kept_labels), np.concatenate(kept_probs))
