@@ -59,6 +59,8 @@ def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
     r, res, events = train(small, md, "--epochs", "30", "--eval-test", "--mode", mode)
     meta = json.loads(next((md / "export").glob("*/assets.extra/ctrtrain.json")).read_text())
     best_step, epoch = assert_best_tested_and_exported(res, events, meta)
+    # The export is named after the step of the model it holds, the only version there.
+    assert [d.name for d in (md / "export").iterdir()] == [str(best_step)]
     # The export's predictions of the test split are the best model's.
     run_cli("predict", "--model", md / "export", "--input", small / "test",
             "--out", tmp_path / "p.csv")

@@ -316,8 +316,9 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
             md / PREDICTIONS if cfg.predictions == "auto" else Path(cfg.predictions), probs, labels)
     if cfg.export:
         vocab = str(Path(cfg.train_dir) / manifest.vocabulary) if manifest.vocabulary else None
+        # Named after the step of the model it holds (the best one, if restored).
         result["export"] = export_saved_model(
-            trainer.model, md / "export", outcome.step,
+            trainer.model, md / "export", model_step,
             {"model": cfg.model, "field_size": manifest.field_size, "feature_size": feature_size,
              **({"fields": manifest.fields} if manifest.fields else {}),
              **({"numeric_input": trainer.model.cfg.numeric_input}

@@ -64,7 +64,8 @@ class _Serving(tf.Module):
 
 def export_saved_model(model, export_base, version: int, info: dict,
                        vocab_file: str | None = None, schema=None) -> str:
-    """Writes <export_base>/<version>/ (TF Serving's layout) atomically; returns its path.
+    """Writes <export_base>/<version>/ (TF Serving's layout) atomically, removing any higher
+    version (an earlier run's, which would be served instead); returns its path.
     `schema`: the training data's declared fields (None: the fixed schema)."""
     final = Path(export_base) / str(version)
     tmp = Path(export_base) / f".{version}.tmp"
@@ -86,6 +87,12 @@ def export_saved_model(model, export_base, version: int, info: dict,
         shutil.copy(vocab_file, tmp / EXTRA / VOCAB)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    # A higher version left by an earlier run of this model directory (a resumed run whose
+    # chosen model is an earlier step) would shadow this one: TensorFlow Serving and
+    # `predict --model <export base>` take the highest.
+    for old in Path(export_base).glob("[0-9]*"):
+        if old.name.isdigit() and int(old.name) > version:
+            shutil.rmtree(old, ignore_errors=True)
     return str(final)
 
 
