@@ -206,7 +206,10 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
             (numeric, tf.train.Feature(float_list=tf.train.FloatList(value=[float("inf")])),
              "a value that is not finite"),
             (cat, tf.train.Feature(int64_list=tf.train.Int64List(value=[-5])),
-             "an id outside the table")):
+             "an id outside the table"),
+            # Finite, but it overflows the model: NaN answered before.
+            (numeric, tf.train.Feature(float_list=tf.train.FloatList(value=[3e38])),
+             "a score that is not finite")):
         ex = tf.train.Example.FromString(good)
         ex.features.feature[name].CopyFrom(feature)
         with pytest.raises(tf.errors.InvalidArgumentError, match=f"record 1 of the request has {what}"):
@@ -220,6 +223,22 @@ def test_declared_fields_train_export_and_predict_the_same(declared, tmp_path):
     del ex.features.feature[bag]
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=f"record 1 of the request has no feature {bag} "):
+        serve(examples=tf.constant([good, ex.SerializeToString()]))
+    # predict reads through the signature: the overflowing record is named as a row.
+    ex = tf.train.Example.FromString(good)
+    ex.features.feature[numeric].float_list.value[:] = [3e38]
+    with tf.io.TFRecordWriter(str(tmp_path / "huge.tfrecord")) as w:
+        w.write(good)
+        w.write(ex.SerializeToString())
+    bad = ctrtrain("predict", "--model", md / "export", "--input", tmp_path / "huge.tfrecord",
+                   "--out", tmp_path / "h.csv")
+    assert bad.returncode == 2 and "row 2 (1-based, in input order) has a score that is not " \
+        "finite" in bad.stderr, bad.stderr[-2000:]
+    assert not (tmp_path / "h.csv").exists()
+    # -1 pads a bag: an id of -1 would vanish into the padding, unscored.
+    ex = tf.train.Example.FromString(good)
+    ex.features.feature[bag].int64_list.value[:] = [-1]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"a negative id in {bag}"):
         serve(examples=tf.constant([good, ex.SerializeToString()]))
     # Data of other fields is refused by name, not predicted from.
     bad = ctrtrain("predict", "--model", md / "export", "--input", PREVIOUS / "test",

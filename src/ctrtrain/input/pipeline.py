@@ -110,6 +110,9 @@ def parse_fields_batch(serialized, schema, with_label: bool = True):
                             f"weight per id of {b.name}")
             else:
                 w = tf.ones_like(bag, tf.float32)
+            # -1 pads a bag below: an id of -1 in a record would vanish into the padding.
+            checks.append(tf.debugging.Assert(~tf.reduce_any(bag.flat_values < 0), [
+                f"ctrtrain: a record holds a negative id in {b.name}"]))
             kept = slice(-b.max_len, None) if b.kind == "sequence" else slice(None, b.max_len)
             ids.append(bag[:, kept].to_tensor(-1, shape=[None, b.max_len]))
             weights.append(w[:, kept].to_tensor(0.0, shape=[None, b.max_len]))

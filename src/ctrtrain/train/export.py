@@ -43,10 +43,21 @@ class _Serving(tf.Module):
         from ..input.pipeline import (check_request, check_request_keys, parse_fields_batch,
                                       parse_tfrecord_batch)
 
+        def scored(features):
+            """The probabilities, or InvalidArgumentError naming the first record whose score
+            is not finite: a finite value too large for the model (1e30 times a weight
+            overflows) would otherwise be answered NaN."""
+            logits, _ = self.model(check_request(features, cfg.feature_size), training=False)
+            bad = ~tf.math.is_finite(logits)
+            first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
+            with tf.control_dependencies([tf.debugging.Assert(~tf.reduce_any(bad), [
+                    tf.strings.format("ctrtrain: record {} of the request has a score that is not "
+                                      "finite (a value too large for the model)", first)])]):
+                return {"prob": tf.sigmoid(logits)}
+
         @tf.function(input_signature=[spec], autograph=False)
         def serve(features):
-            logits, _ = self.model(check_request(features, cfg.feature_size), training=False)
-            return {"prob": tf.sigmoid(logits)}
+            return scored(features)
         self.serve = serve
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
@@ -57,8 +68,7 @@ class _Serving(tf.Module):
                     examples = tf.identity(examples)
             features = parse_tfrecord_batch(examples, cfg.field_size, with_label=False) \
                 if schema is None else parse_fields_batch(examples, schema, with_label=False)
-            logits, _ = self.model(check_request(features, cfg.feature_size), training=False)
-            return {"prob": tf.sigmoid(logits)}
+            return scored(features)
         self.serve_examples = serve_examples
 
 

@@ -107,10 +107,12 @@ EVAL_CHECKSUM_BYTES = 512 << 20
 
 
 def check_first_record(m, directory) -> None:
-    """Declared fields the records do not hold would be read as empty bags: refused."""
+    """Declared fields the records do not hold would be read as empty bags: refused. The first
+    record of every file (a file written by another job may lack a field the others hold)."""
     if m.schema is not None and m.files:
         from ..data.validate import check_declared_keys
-        check_declared_keys(m.paths(directory)[0], m.schema, m.compression)
+        for path in m.paths(directory):
+            check_declared_keys(path, m.schema, m.compression)
 
 
 def positive_rate(m) -> float | None:

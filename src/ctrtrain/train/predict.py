@@ -80,7 +80,8 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
         if schema is not None and fmt == "tfrecord":
             # A bag the records lack would be predicted from as empty (F30).
             from ..data.validate import check_declared_keys
-            check_declared_keys(paths[0], schema, comp)
+            for path in paths:
+                check_declared_keys(path, schema, comp)
         try:
             for b in ds:
                 yield b["label"].numpy(), {k: v.numpy() for k, v in b.items() if k != "label"}
@@ -222,11 +223,24 @@ class Scorer:
 
     def blocks(self):
         """Yields (labels or None, probabilities float32, features) per block, in input order."""
+        import re
+
         import tensorflow as tf
+        done = 0
         for labels, features in _blocks(self.inputs, self.info, self.export_dir,
                                         self.input_format, self.vocab, self.has_label, self.batch):
-            probs = self.serve(**{k: tf.constant(v) for k, v in features.items()})["prob"].numpy()
-            yield labels, probs, features
+            try:
+                probs = self.serve(**{k: tf.constant(v) for k, v in features.items()})["prob"]
+            except tf.errors.InvalidArgumentError as e:
+                # The signature's own refusal ("record N of the request has ..."), as a row of
+                # the input (a score that is not finite: a value the model overflows on).
+                found = re.search(r"record (\d+) of the request (has [^\]\n]*)", str(e))
+                if not found:
+                    raise
+                raise DataError(f"row {done + int(found[1]) + 1} (1-based, in input order) "
+                                f"{found[2]}", path=", ".join(self.inputs[:3])) from None
+            done += len(probs)
+            yield labels, probs.numpy(), features
 
 
 def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: str | None = None,
