@@ -355,6 +355,14 @@ def test_retries_stop_where_another_attempt_cannot_pass(tmp_path):
     job = json.loads((run / "job.json").read_text())
     assert job["state"] == "failed" and len(job["attempts"]) == 2
     assert "before any new checkpoint" in job["attempts"][-1]["not_retried"]
+    # A crash by a signal the process raises itself (abort(), as a failed C++ check does)
+    # fails on its own too; one from outside (SIGKILL: tests above) is retried.
+    crashed = tmp_path / "crashed"
+    spec = script_job(tmp_path, dies_until(crashed, 0, "import os\nos.abort()"), name="crashed",
+                      output_dir=str(crashed), max_retry_attempts=5)
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2 and "not retried: two attempts in a row" in r.stdout, r.stdout
+    assert len(json.loads((crashed / "job.json").read_text())["attempts"]) == 2
 
     for name, over, said in (("late", {"time_limit": 3}, "time limit of 3 s reached"),
                              ("hung", {"watchdog": 2}, "no progress for 2 s")):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import time
 from pathlib import Path
@@ -54,6 +55,13 @@ class PortAllocator:
                 return port
         raise JobFailed(f"no free loopback port after {self.tries} tries "
                         f"({len(self.used)} taken by this job)")
+
+
+# Signals a process raises on itself (abort(), a bad memory access, an arithmetic or illegal
+# instruction): its own code failing, as an exit status of its own does. SIGKILL, SIGTERM and
+# SIGHUP come from outside (a killed host, the OOM killer): another attempt may pass.
+SELF_INFLICTED = {int(s) for s in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                                   signal.SIGILL)}
 
 
 def check_runtime(spec: JobSpec) -> None:
@@ -334,7 +342,8 @@ def _report(spec, run_dir, hosts, procs, image, outcome, seconds, warnings) -> d
                          if first and framework else []))
         failed_code = outcome.exit_codes.get(outcome.failed)
         raise JobFailed(msg, retryable=outcome.retryable and 2 not in outcome.exit_codes.values(),
-                        exited_by_itself=failed_code is not None and failed_code > 0)
+                        exited_by_itself=failed_code is not None and (
+                            failed_code > 0 or -failed_code in SELF_INFLICTED))
     return summary
 
 
