@@ -57,3 +57,17 @@ def test_chaos_bench_deletes_only_its_own_runs(tmp_path, data):
     for name in ("chaos", "undisturbed"):
         assert (work / name / "notes.txt").read_text() == "mine\n"
     assert not (work / "undisturbed.log").exists()   # nothing launched
+    # Another job's run there (its marker names that job), and a log of the user's where the
+    # bench writes its own: refused, kept.
+    for name in ("chaos", "undisturbed"):
+        (work / name / "ctrtrain-run.json").write_text('{"job": "other-job", "spec": "x"}\n')
+    code, out, err = cli("bench", "chaos", spec, "--work-dir", work)
+    assert code == 2 and "holds the run of job 'other-job'" in err, err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "chaos.log").write_text("mine\n")
+    code, out, err = cli("bench", "chaos", spec, "--work-dir", other)
+    assert code == 2 and "chaos.log exists and is not the log of a run of this bench" in err, err
+    assert (other / "chaos.log").read_text() == "mine\n" and not (other / "undisturbed").exists()
+    for name in ("chaos", "undisturbed"):
+        assert (work / name / "notes.txt").read_text() == "mine\n"

@@ -42,14 +42,26 @@ KINDS = {"chief": "trainer", "worker": "trainer", "ps": "parameter server",
 LEFT_BEHIND = (".tmp", INCOMPLETE_NAME)
 
 
-def _clear_earlier_run(path: Path) -> None:
-    """Removes an earlier bench's run of that name; anything else there is the user's, and
-    refused: the bench deletes only what a launch made (its run marker), as `launch` does."""
+def _clear_earlier_run(path: Path, job: str) -> None:
+    """Removes this bench's earlier run of that name (and its log beside it); anything else
+    there is the user's, and refused: the bench deletes only a run a launch of the same job
+    made (its run marker naming the job), as `launch` resumes only its own job's run."""
+    log = Path(f"{path}.log")
     if not (path.exists() or path.is_symlink()):
+        if log.exists() or log.is_symlink():
+            raise CtrError(f"{log} exists and is not the log of a run of this bench (no run "
+                           f"{path.name}/ beside it): move it or choose another --work-dir")
         return
     if path.is_symlink() or not path.is_dir() or not (path / RUN_MARKER).is_file():
         raise CtrError(f"{path} exists and is not a run of this bench (no {RUN_MARKER}); the "
                        "bench writes its runs there: move it or choose another --work-dir")
+    try:
+        owner = json.loads((path / RUN_MARKER).read_text()).get("job")
+    except (ValueError, AttributeError):
+        owner = None
+    if owner != job:
+        raise CtrError(f"{path} holds the run of job {owner!r}, not {job!r}: move it or choose "
+                       "another --work-dir")
     shutil.rmtree(path)
 
 
@@ -148,11 +160,11 @@ def run_chaos_bench(spec: str, work_dir: str, faults: int = 3, every: float = 15
                     kinds=("trainer", "parameter server", "dispatcher", "data worker", "host"),
                     seed: int = 0, retries: int | None = None, json_path: str | None = None,
                     timeout: float = 3600) -> dict:
-    load_spec(spec)   # a spec that cannot run is refused before anything is touched
+    job = load_spec(spec).name   # a spec that cannot run is refused before anything is touched
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     for name in ("undisturbed", "chaos"):
-        _clear_earlier_run(work / name)
+        _clear_earlier_run(work / name, job)
     print(f"[chaos] undisturbed run of {spec} ...", flush=True)
     t0, launched = time.monotonic(), time.time()
     proc = _launch(spec, work / "undisturbed", retries)
