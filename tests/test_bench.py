@@ -104,7 +104,7 @@ def test_tiny_matrix_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_tune_writes_settings_that_training_uses(tmp_path):
+def test_tune_writes_settings_that_training_uses(tmp_path, monkeypatch):
     from trainutil import make_synth
     make_synth(tmp_path / "d", rows=12_000, feature_size=2_000)
     tuned = tmp_path / "tuned.json"
@@ -122,7 +122,9 @@ def test_tune_writes_settings_that_training_uses(tmp_path):
     assert len(rec["tried"]) == intra_choices * 3 + 2   # threads grid, then 2 other batch sizes
     assert max(t["examples_per_s"] for t in rec["tried"]) == rec["examples_per_s"]
     assert rec["repeats"] == 1 and all(len(t["runs"]) == 1 for t in rec["tried"])
-    # Picked up by `ctrtrain train` (threads and batch size) when no flag says otherwise.
+    # Picked up by `ctrtrain train` when no flag says otherwise: the threads, and the batch
+    # size on a table large enough for speed to rule (this one, 12,000 rows, trains at the
+    # small tables' batch; train/config.py table_scale).
     run_cli("train", "--train", tmp_path / "d" / "tf" / "train", "--model-dir", tmp_path / "m",
             "--steps", "3", "--no-export", env={"CTRTRAIN_TUNED": str(tuned)})
     start = next(json.loads(line) for line in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()
@@ -130,7 +132,11 @@ def test_tune_writes_settings_that_training_uses(tmp_path):
     assert start["threads"]["intra_op"] == s["intra_op_threads"]
     assert start["threads"]["inter_op"] == s["inter_op_threads"]
     cfg = json.loads((tmp_path / "m" / "train_config.json").read_text())
-    assert cfg["batch_size"] == s["batch_size"]
+    assert cfg["batch_size"] == 256
+    monkeypatch.setenv("CTRTRAIN_TUNED", str(tuned))
+    from ctrtrain.train.config import table_scale
+    assert table_scale(102_400) == {"batch_size": s["batch_size"], "embedding_size": 16}
+    assert table_scale(102_399) == {"batch_size": 256, "embedding_size": 4}
 
 
 def deepctr_python() -> str | None:

@@ -589,8 +589,6 @@ def _train_commands(sub):
     for f in table():
         default = getattr(d, f.name)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        if f.name == "batch_size":
-            shown = f"the tuned one (ctrtrain tune), else {default}"
         kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f"{f.metadata['help']} "
                   f"(default: {shown})".replace("%", "%%"))
         flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
@@ -645,18 +643,14 @@ def _train_commands(sub):
 
 
 def train_config_from_args(a):
-    """Defaults < the --config file < flags; the batch size, when given nowhere, is the tuned
-    one (ctrtrain tune)."""
+    """Defaults < the --config file < flags."""
     from .errors import ConfigError
     from .train.config import TrainConfig, load_config_file, table
-    from .train.tuned import tuned_settings
     values = load_config_file(a.config) if hasattr(a, "config") else {}
     values.update({f.name: getattr(a, f.name) for f in table() if hasattr(a, f.name)})
     for name, flag in (("train_dir", "--train"), ("model_dir", "--model-dir")):
         if not values.get(name):
             raise ConfigError(f"{flag} is required (a flag, or {name} in the --config file)")
-    if "batch_size" not in values and tuned_settings().get("batch_size"):
-        values["batch_size"] = tuned_settings()["batch_size"]
     values.setdefault("progress", not values.get("quiet", False))
     return TrainConfig(**values)
 

@@ -158,7 +158,7 @@ class TrainConfig:
     model: str = setting("deepfm", "model", "the model: " + "; ".join(
         f"{name} ({e.summary})" for name, e in MODELS.items()), _choice(*MODELS))
     embedding_size: int | str = setting(
-        16, "model", "k, the embedding width; auto: 4 on a training split of fewer than "
+        "auto", "model", "k, the embedding width; auto: 4 on a training split of fewer than "
         "102,400 records, else 16", _auto_or(number(int, 1)))
     embedding_init: float | None = setting(
         None, "model", "standard deviation of the embeddings' initial values, normal around 0 "
@@ -219,8 +219,9 @@ class TrainConfig:
         "ctrtrain.kernels.build`); off: TensorFlow's ops, the reference", _bool)
     # schedule
     batch_size: int | str = setting(
-        1024, "schedule", "examples per step and replica; auto: 256 on a training split of "
-        "fewer than 102,400 records (under 100 steps an epoch at 1024), else 1024",
+        "auto", "schedule", "examples per step and replica; auto: 256 on a training split of "
+        "fewer than 102,400 records (under 100 steps an epoch at 1024), else the one `ctrtrain "
+        "tune` measured best on this host, else 1024",
         _auto_or(number(int, 1)))
     epochs: float = setting(1.0, "schedule", "passes over the training data",
                             number(float, 0, low_open=True))
@@ -502,16 +503,29 @@ def resolve_table_scale(cfg: TrainConfig, m) -> None:
     """batch_size and embedding_size `auto` made concrete from the training split's records
     (the manifest's, the same on every rank and whatever the replicas: the mode does not
     change the model). A Pipe stream, whose size is not known ahead, gets the large table's.
-    Trainers call it once, before the model directory records the run's settings."""
+    Trainers call it once, before the model directory records the run's settings. A model
+    without embeddings (lr) keeps embedding_size `auto`: a width there would be a setting it
+    refuses when the recorded configuration is run again."""
     for name, value in table_scale(m.records).items():
-        if getattr(cfg, name) == "auto":
+        if getattr(cfg, name) == "auto" and (name == "batch_size"
+                                             or name in MODELS[cfg.model].reads):
             setattr(cfg, name, value)
+
+
+def embedding_width(cfg: TrainConfig) -> int:
+    """k as the model is built with it (0 for a model that reads no embedding_size)."""
+    return cfg.embedding_size if "embedding_size" in MODELS[cfg.model].reads else 0
 
 
 def table_scale(records: int) -> dict:
     """What batch_size and embedding_size `auto` are for a training split of `records`
-    (0: unknown, a stream)."""
-    return AUTO_SMALL if 0 < records < AUTO_SMALL_RECORDS else AUTO_LARGE
+    (0: unknown, a stream). A large one's batch is the one `ctrtrain tune` measured fastest
+    on this host where it ran: tune measures speed, which is what a large table is bound by;
+    a small one's is chosen for its AUC."""
+    if 0 < records < AUTO_SMALL_RECORDS:
+        return AUTO_SMALL
+    from .tuned import tuned_settings
+    return {**AUTO_LARGE, **{k: v for k, v in tuned_settings().items() if k == "batch_size"}}
 
 
 def optimizer_params(cfg: TrainConfig) -> dict:
@@ -536,7 +550,7 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
     bias = 0.0
     if cfg.output_bias == "prior" and positive_rate is not None and 0 < positive_rate < 1:
         bias = math.log(positive_rate / (1 - positive_rate))
-    return ModelConfig(feature_size, field_size, cfg.embedding_size, tuple(cfg.deep_layers),
+    return ModelConfig(feature_size, field_size, embedding_width(cfg), tuple(cfg.deep_layers),
                         cfg.dropout_rates, cfg.batch_norm, l2_dense=l2d,
                         embedding_init=cfg.embedding_init,
                         mixed_precision=cfg.mixed_precision, xla=cfg.xla, seed=cfg.seed,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..data.index import describe_source, source_files
 from ..errors import ConfigError, DataError
-from .config import (TrainConfig, resolve_shuffle_buffer, resolve_table_scale,
+from .config import (TrainConfig, embedding_width, resolve_shuffle_buffer, resolve_table_scale,
                      resolve_table_updates)
 from .threads import data_options
 
@@ -57,7 +57,7 @@ def check_data(cfg: TrainConfig):
     resolve_shuffle_buffer(cfg, m)
     resolve_table_scale(cfg, m)
     if m.schema is not None:
-        check_bag_memory(m.schema, cfg.batch_size, cfg.embedding_size,
+        check_bag_memory(m.schema, cfg.batch_size, embedding_width(cfg),
                          "fields" if cfg.input_mode == "Pipe" else describe_source(cfg.train_dir))
     if cfg.cache:
         check_cache_memory(cfg, m)

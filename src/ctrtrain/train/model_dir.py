@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, DataError, first_line
-from .config import TrainConfig
+from .config import TrainConfig, embedding_width
 from .metrics_log import METRICS
 
 RESULT = "result.json"
@@ -54,7 +54,7 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
         raise ConfigError(f"model directory {md} is not writable: {e.strerror}") from e
     # A checkpoint holds the table and its optimizer slots (up to 3 x the table) plus the MLP;
     # saving writes the new one before deleting the oldest. Refuse now rather than fail later.
-    need = 2 * 3 * 4 * feature_size * (1 + cfg.embedding_size) + (64 << 20)
+    need = 2 * 3 * 4 * feature_size * (1 + embedding_width(cfg)) + (64 << 20)
     free = shutil.disk_usage(md).free
     if free < need:
         raise ConfigError(f"model directory {md} has {free / 2**20:,.0f} MB free; checkpoints of "
