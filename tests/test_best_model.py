@@ -14,13 +14,14 @@ from conftest import run_cli
 
 @pytest.fixture(scope="module")
 def small(synth_data):
-    """6,400 training rows over a 4,000-row table: the validation AUC peaks within 2 epochs."""
+    """6,400 training rows over a 4,000-row table: the validation AUC peaks within 2 epochs
+    (at width 16, which `train` gives)."""
     return synth_data(rows=8000, feature_size=4000)[0] / "tf"
 
 
 def train(data, md, *extra, valid=True):
     args = ["train", "--train", data / "train", "--test", data / "test", "--model-dir", md,
-            "--batch-size", "128", "--learning-rate", "0.01",
+            "--batch-size", "128", "--embedding-size", "16", "--learning-rate", "0.01",
             *(["--valid", data / "valid"] if valid else []), *extra]
     r = run_cli(*args, timeout=600)
     events = [json.loads(line) for line in (md / "metrics.jsonl").read_text().splitlines()]
