@@ -665,6 +665,34 @@ def test_a_declared_field_the_records_lack_is_refused(tmp_path):
         assert not (tmp_path / "p.csv").exists()
 
 
+def test_a_later_record_without_a_bag_key_is_named_by_validate(tmp_path):
+    """F30 re-probe: training checks each file's first record for every declared key; a
+    later record lacking one (a writer that drops an empty bag's key) was read as an empty
+    bag by every command. `data validate` reads every record's keys and names it."""
+    import tensorflow as tf
+    from tensorflow.core.example import example_pb2
+    tagged_rows(tmp_path / "f", 40, "--multi-hot")
+    m = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    path = tmp_path / "records" / m["files"][0]["path"]
+    path.parent.mkdir()
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(tmp_path / "f" / m["files"][0]["path"]))]
+    lacking = example_pb2.Example.FromString(records[7])
+    del lacking.features.feature["tags"]
+    records[7] = lacking.SerializeToString()
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for r in records:
+            w.write(r)
+    said = f"{path.name}, record 7: has no feature tags (a declared field; an empty one is " \
+           "an empty list)"
+    refused("data", "index", path.parent, "--fields", json.dumps(m["fields"]), match=said)
+    assert not (path.parent / "manifest.json").exists()
+    # A manifest written beside the files by another tool: validate names the record.
+    from ctrtrain.data.manifest import sha256_file
+    entry = {**m["files"][0], "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    (path.parent / "manifest.json").write_text(json.dumps({**m, "files": [entry]}))
+    refused("data", "validate", path.parent, match=said)
+
+
 def test_a_declared_type_the_records_do_not_hold_is_named_plainly(tmp_path):
     """F22: a manifest declaring `user` numeric where the records hold its ids was refused
     with TensorFlow's 300-character `{{function_node ...}}` text. The record and the field are

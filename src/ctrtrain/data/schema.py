@@ -112,6 +112,13 @@ class Schema:
         """The multi_hot and sequence fields, in field order: the batch's bag columns."""
         return [f for f in self.fields if f.kind in LISTS]
 
+    def bag_keys(self) -> list[str]:
+        """The features a record must hold for its bags: each bag's ids and, weighted, its
+        weights. TensorFlow's RaggedFeature reads a missing key as an empty bag, so their
+        presence is checked apart (tfrecord.lacking_keys)."""
+        return [n for b in self.lists()
+                for n in (b.name, *([b.name + WEIGHTS_SUFFIX] if b.weighted else []))]
+
     @property
     def bag_width(self) -> int:
         return sum(f.max_len for f in self.lists())

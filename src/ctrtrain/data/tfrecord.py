@@ -282,21 +282,44 @@ def read_rows(path: str, field_size: int, compression: str | None = None, batch:
         yield Rows(b["label"].numpy()[:, 0], b["ids"].numpy(), b["values"].numpy())
 
 
-def read_field_blocks(path: str, schema, compression: str | None = None, batch: int = 20_000):
+LACKING = "__lacking"     # read_field_blocks' key for lacking_keys, beside the features
+
+
+def read_field_blocks(path: str, schema, compression: str | None = None, batch: int = 20_000,
+                      check_keys: bool = False):
     """Yields blocks of a declared schema's file (data/schema.py) as parsed by TensorFlow:
-    {feature name: Tensor or RaggedTensor}; errors as read_rows's."""
+    {feature name: Tensor or RaggedTensor}; errors as read_rows's. `check_keys`: also
+    LACKING, lacking_keys of the schema's bag_keys."""
     from .schema import feature_spec as fields_spec
+    keys = schema.bag_keys() if check_keys else []
     yield from _parsed_blocks(path, fields_spec(schema), compression, batch,
-                              "the manifest's declared fields")
+                              "the manifest's declared fields",
+                              (lambda s: {LACKING: lacking_keys(s, keys)}) if keys else None)
 
 
-def _parsed_blocks(path, spec, compression, batch, schema_desc):
+def lacking_keys(serialized, names: list[str]):
+    """[records, len(names)] bool: which of `names` each serialized tf.Example lacks, read
+    from the records' own protos (tensorflow.Features' map entries), where parse_example
+    cannot tell a missing RaggedFeature key from an empty list."""
+    import tensorflow as tf
+    _, (features,) = tf.io.decode_proto(serialized, "tensorflow.Example", ["features"],
+                                        [tf.string])
+    _, (entries,) = tf.io.decode_proto(features[:, 0], "tensorflow.Features", ["feature"],
+                                       [tf.string])
+    _, (keys,) = tf.io.decode_proto(entries, "tensorflow.Features.FeatureEntry", ["key"],
+                                    [tf.string])
+    keys = keys[:, :, 0]     # [records, entries]; '' pads records with fewer entries
+    return tf.stack([~tf.reduce_any(tf.equal(keys, n), axis=1) for n in names], axis=1)
+
+
+def _parsed_blocks(path, spec, compression, batch, schema_desc, extra=None):
     import tensorflow as tf
 
     from ..errors import DataError
     ds = tf.data.TFRecordDataset(path, compression_type=tf_compression(compression))
     done = 0
-    it = iter(ds.batch(batch).map(lambda s: tf.io.parse_example(s, spec)))
+    it = iter(ds.batch(batch).map(
+        lambda s: {**tf.io.parse_example(s, spec), **(extra(s) if extra else {})}))
     while True:
         try:
             b = next(it)

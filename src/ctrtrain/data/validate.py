@@ -156,17 +156,21 @@ def _declared_rows(path: str, schema, feature_size: int | None, compression: str
     multi_hot and sequence fields, its numeric values and bag weights (one finite weight per
     id)."""
     from .schema import FieldRows
-    from .tfrecord import read_field_blocks
+    from .tfrecord import LACKING, read_field_blocks
     top = feature_size if feature_size is not None else np.iinfo(np.int64).max
     spans = schema.reserved_spans()
     n = 0
-    for b in read_field_blocks(path, schema, compression):
+    keys = schema.bag_keys()
+    for b in read_field_blocks(path, schema, compression, check_keys=True):
         labels = b["label"].numpy()[:, 0]
         why = [None] * len(labels)
 
         def flag(rows, what):
             for i in np.flatnonzero(rows):
                 why[i] = why[i] or what(int(i))
+        for j, name in enumerate(keys):     # read as an empty bag by training: named here
+            flag(b[LACKING].numpy()[:, j], lambda i, name=name: f"has no feature {name} (a "
+                 "declared field; an empty one is an empty list)")
         flag(~np.isin(labels, (0, 1)), lambda i: f"label {labels[i]:g} is not 0 or 1")
         for f in schema.fields:
             if f.kind == "numeric":

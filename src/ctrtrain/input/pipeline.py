@@ -219,25 +219,16 @@ def check_request_keys(serialized, schema) -> list:
     """Asserts that each record of an `examples` request holds every declared bag's key (and
     its weights' key). parse_example reads a missing RaggedFeature key as an empty bag, so a
     client that misnames or drops a field would be scored as if the field were empty; every
-    ctrtrain writer writes an empty bag as an empty list. The keys come from the records'
-    own protos (tensorflow.Features' map entries); [] when the schema has no bag."""
-    from ..data.schema import WEIGHTS_SUFFIX
-    wanted = [n for b in schema.lists()
-              for n in (b.name, *([b.name + WEIGHTS_SUFFIX] if b.weighted else []))]
-    if not wanted:
+    ctrtrain writer writes an empty bag as an empty list. [] when the schema has no bag."""
+    from ..data.tfrecord import lacking_keys
+    names = schema.bag_keys()
+    if not names:
         return []
-    _, (features,) = tf.io.decode_proto(serialized, "tensorflow.Example", ["features"],
-                                        [tf.string])
-    _, (entries,) = tf.io.decode_proto(features[:, 0], "tensorflow.Features", ["feature"],
-                                       [tf.string])
-    _, (keys,) = tf.io.decode_proto(entries, "tensorflow.Features.FeatureEntry", ["key"],
-                                    [tf.string])
-    keys = keys[:, :, 0]     # [records, entries]; '' pads records with fewer entries
+    lacking = lacking_keys(serialized, names)
     asserts = []
-    for name in wanted:
-        lacking = ~tf.reduce_any(tf.equal(keys, name), axis=1)
-        first = tf.argmax(tf.cast(lacking, tf.int32), output_type=tf.int64)
-        asserts.append(tf.debugging.Assert(~tf.reduce_any(lacking), [tf.strings.format(
+    for j, name in enumerate(names):
+        first = tf.argmax(tf.cast(lacking[:, j], tf.int32), output_type=tf.int64)
+        asserts.append(tf.debugging.Assert(~tf.reduce_any(lacking[:, j]), [tf.strings.format(
             "ctrtrain: record {} of the request has no feature " + name + " (a declared "
             "field; an empty one is an empty list)", first)]))
     return asserts
