@@ -113,6 +113,19 @@ def scale_numeric(x, transform: str, stats: dict, columns: list[str]):
     return np.round(np.where(missing, 0.0, x), 5)
 
 
+def refuse_unwritable(x, chunk: RawChunk, columns: list[str], path: str, transform: str):
+    """A DataError naming the cell of the chunk's numeric columns whose value `x` (as
+    transformed) a 32-bit float cannot hold: 1e300 under `none` or `standard` was written
+    as inf and trained on without a word. The sums behind `standard` stay finite below it."""
+    bad = np.abs(x) > np.finfo(np.float32).max
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        raise DataError(f"{chunk.numeric[i, j]:g} is too large for --numeric-transform "
+                        f"{transform}: as a 32-bit float it would be infinite (log and "
+                        "log-standard take it)", path=path, line=chunk.first_line + i,
+                        field=columns[j])
+
+
 class QuantileSample:
     """A uniform sample of at most `cap` rows of the numeric columns, over chunks: each row
     draws a key (a fixed seed: the same files give the same sample) and the smallest keys stay,
@@ -390,10 +403,10 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
     at most `max_len`; the numeric columns' statistics for `numeric_transform`, or with
     with `buckets` their quantile boundaries too. `declare`: declared fields even without
     multi-valued columns."""
-    def read(p, **kw):
+    def read(p, **kw):      # a cut last line is warned of once, by featurize_file's pass
         return read_raw(p, fmt or sniff_format(p), schema, has_label=has_label,
                         label_column=label_column, roles=roles,
-                        label_threshold=label_threshold, **kw)
+                        label_threshold=label_threshold, warn_cut=False, **kw)
     if max_len is not None and max_len > MAX_LEN_LIMIT:
         raise DataError(f"--max-len {max_len:,} is over {MAX_LEN_LIMIT:,} ids a row (each row "
                         "is padded to it: every batch would be that wide)", path=", ".join(paths))
@@ -419,6 +432,8 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
     sums, sample = None, QuantileSample() if buckets else None
     for p in paths:
         for schema, chunk in read(p):
+            if not numeric_transform.startswith("log"):
+                refuse_unwritable(chunk.numeric, chunk, schema.numeric, p, numeric_transform)
             if sample is not None:
                 sample.add(chunk.numeric)
             if scaled:
@@ -469,9 +484,13 @@ def build_vocabulary(paths: list[str], fmt: str | None = None, schema: RawSchema
 def featurize_file(path: str, vocab: Vocabulary, fmt: str | None = None, has_label: bool = True,
                    label_column: str | None = None, longer: dict | None = None):
     """Yields Rows blocks of a raw file under a vocabulary (FieldRows with declared fields,
-    adding to `longer` the rows whose bags exceed their max_len)."""
+    adding to `longer` the rows whose bags exceed their max_len). Read through, a file whose
+    last line looks cut is warned of (read_raw's warn_cut)."""
     for _, chunk in read_raw(path, fmt or sniff_format(path), vocab.schema, has_label=has_label,
                              label_column=label_column, label_threshold=vocab.label_threshold):
+        refuse_unwritable(scale_numeric(chunk.numeric, vocab.numeric_transform,
+                                        vocab.numeric_stats, vocab.schema.numeric),
+                          chunk, vocab.schema.numeric, path, vocab.numeric_transform)
         if not vocab.declared:
             yield vocab.transform(chunk)
             continue
@@ -483,12 +502,16 @@ def featurize_file(path: str, vocab: Vocabulary, fmt: str | None = None, has_lab
 
 
 def output_names(files: list[str], suffix: str = ".libsvm") -> list[str]:
-    """`<stem>.libsvm` per input, made unique in input order (`a/day.txt` and `b/day.txt`, or
-    `day.txt` and `day.tsv`, would otherwise write one file over the other)."""
+    """`<stem>.libsvm` per input (`day.txt.gz` too: `day.libsvm`), made unique in input order
+    (`a/day.txt` and `b/day.txt`, or `day.txt` and `day.tsv`, would otherwise write one file
+    over the other)."""
     from pathlib import Path
     names, used = [], set()
     for f in files:
-        stem, k = Path(f).stem, 1
+        p = Path(f)
+        if p.suffix.lower() in (".gz", ".bz2", ".xz") and Path(p.stem).suffix:
+            p = Path(p.stem)
+        stem, k = p.stem, 1
         name = f"{stem}{suffix}"
         while name in used:
             k += 1

@@ -3,10 +3,12 @@ read in chunks as columns of strings with their line numbers."""
 
 from __future__ import annotations
 
+import bz2
 import dataclasses
-import os
-import sys
+import gzip
 import io
+import lzma
+import sys
 
 import numpy as np
 import pandas as pd
@@ -117,54 +119,126 @@ def _cols(header: list[str]) -> str:
 
 def read_raw(path: str, fmt: str, schema: RawSchema | None = None, chunk_rows: int = 200_000,
              has_label: bool = True, label_column: str | None = None,
-             roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None):
-    """Yields (schema, RawChunk) for a raw file. Criteo TSV rows may have fewer columns than 40
-    (trailing empty fields stripped): the missing ones are missing values, not an error.
-    `label_threshold`: the label column is a score (a rating); at least this is a click."""
+             roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None,
+             warn_cut: bool = True):
+    """Yields (schema, RawChunk) for a raw file (gzip, bzip2 or xz compressed too: open_raw).
+    Criteo TSV rows may have fewer columns than 40 (trailing empty fields stripped): the
+    missing ones are missing values, not an error. `label_threshold`: the label column is a
+    score (a rating); at least this is a click. `warn_cut`: once the file is read through,
+    warn if its last line looks cut (_LineEnds); a caller that reads a file twice (featurize:
+    the vocabulary, then the rows) asks it of one pass only, so the warning comes once."""
     try:
         yield from _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles,
-                             label_threshold)
+                             label_threshold, warn_cut)
     except pd.errors.EmptyDataError:
         raise DataError("file is empty (no header, no rows)", path=path) from None
     except UnicodeDecodeError as e:
         raise DataError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=path) from None
+    except _UNDECOMPRESSED as e:
+        raise _undecompressed(e, path) from None
 
 
-def check_last_line(path: str, sep: str, columns: int) -> None:
-    """Warns when the last line has no line end and fewer than `columns` cells: a copy or
-    download stopped mid-row looks so, and its missing cells would be read as missing values
-    without a word. Only a warning: real Criteo files end so too (a last row whose trailing
-    empty fields were stripped, with no final line end), and the two cannot be told apart."""
-    size = os.path.getsize(path)
-    if not size:
-        return
+_COMPRESSED = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
+_UNREAD = ((b"PK\x03\x04", "zip"), (b"\x28\xb5\x2f\xfd", "zstd"))
+
+
+_UNDECOMPRESSED = (EOFError, lzma.LZMAError, OSError)
+
+
+def _undecompressed(e: Exception, path: str) -> Exception:
+    """What to raise for an error while decompressing: the file's (gzip's, bzip2's, xz's
+    complaints) named as a DataError; the system's (an errno: a missing file, a disk) as is."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return e
+    cut = " (is the file cut short?)" if isinstance(e, EOFError) else ""
+    return DataError(f"cannot decompress: {e}{cut}", path=path)
+
+
+def open_raw(path: str):
+    """A raw file's bytes, decompressed if it is gzip, bzip2 or xz (told by its first bytes,
+    whatever its name: `train.csv.gz`, Criteo's `day_0.gz`). Everything that reads a raw
+    file -- the format sniff, the CSV header, the rows -- reads through this, so all see the
+    same text (pandas alone would decompress by the name's extension only)."""
     with open(path, "rb") as f:
-        f.seek(max(0, size - (1 << 16)))
-        tail = f.read()
-    if tail.endswith(b"\n"):
-        return
-    last = tail.rsplit(b"\n", 1)[-1]
-    if b'"' in last:            # quoted cells: the separators cannot be counted here
-        return
-    cells = last.count(sep.encode()) + 1
-    if cells < columns:
-        from .files import count_lines
-        print(f"warning: {path}, line {count_lines(path)}: the last line has no line end and "
-              f"{cells} of {columns} cells; if the file was cut short, that row is incomplete "
-              "(its missing cells are read as missing values)", file=sys.stderr, flush=True)
+        magic = f.read(6)
+    for start, opener in _COMPRESSED:
+        if magic.startswith(start):
+            return opener(path, "rb")
+    for start, kind in _UNREAD:
+        if magic.startswith(start):
+            raise DataError(f"a {kind} archive: raw files are read as text, or gzip, bzip2 or "
+                            "xz compressed; unpack it", path=path)
+    return open(path, "rb")
 
 
-def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles, label_threshold):
+def first_line(path: str) -> str:
+    """The raw file's first line of text (its first MiB if longer), as open_raw reads it."""
+    try:
+        with open_raw(path) as f:
+            return f.readline(1 << 20).decode("utf-8", errors="replace")
+    except _UNDECOMPRESSED as e:
+        raise _undecompressed(e, path) from None
+
+
+class _LineEnds(io.RawIOBase):
+    """Passes a binary stream through while counting its line ends and the cells of what
+    follows the last one, so the read itself can tell (warn_if_cut) whether the file ends in a
+    cut line: a compressed file has no end to seek to, and a second pass would read it twice."""
+
+    def __init__(self, stream, sep: str):
+        self._stream, self._sep = stream, sep.encode()
+        self.ends = 0           # line ends seen
+        self.pending = 0        # bytes after the last line end
+        self.seps = 0           # separators in them
+        self.quoted = False     # a quote in them
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        data = self._stream.read(len(buf))
+        n = len(data)
+        buf[:n] = data
+        k = data.count(b"\n")
+        if k:
+            self.ends += k
+            data = data[data.rindex(b"\n") + 1:]
+            self.pending, self.seps, self.quoted = 0, 0, False
+        self.pending += len(data)
+        self.seps += data.count(self._sep)
+        self.quoted = self.quoted or b'"' in data
+        return n
+
+    def warn_if_cut(self, path: str, columns: int) -> None:
+        """Warns when the last line has no line end and fewer than `columns` cells: a copy or
+        download stopped mid-row looks so, and its missing cells would be read as missing
+        values without a word. Only a warning: real Criteo files end so too (a last row whose
+        trailing empty fields were stripped, with no final line end), and the two cannot be
+        told apart. Quoted cells: the separators cannot be counted here, no warning."""
+        while self.read(1 << 16):      # the reader stops at its end; make sure it is the file's
+            pass
+        cells = self.seps + 1
+        if self.pending and not self.quoted and cells < columns:
+            print(f"warning: {path}, line {self.ends + 1}: the last line has no line end and "
+                  f"{cells} of {columns} cells; if the file was cut short, that row is incomplete "
+                  "(its missing cells are read as missing values)", file=sys.stderr, flush=True)
+
+
+def read_header(path: str) -> list[str]:
+    """A CSV's column names, as read_raw reads them."""
+    with open_raw(path) as f:
+        return pd.read_csv(f, nrows=0, compression=None).columns.tolist()
+
+
+def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles, label_threshold,
+              warn_cut):
     if fmt == "criteo":
         schema = schema or CRITEO
         names = ([schema.label] if has_label else []) + schema.fields
-        check_last_line(path, "\t", len(names))
-        reader = pd.read_csv(path, sep="\t", header=None, names=names, dtype=str,
-                             keep_default_na=False, na_filter=False, chunksize=chunk_rows,
-                             engine="c", quoting=3)
-        header_lines = 0
+        sep, columns, header_lines = "\t", len(names), 0
+        options = dict(sep="\t", header=None, names=names, quoting=3)
     elif fmt == "csv":
-        header = pd.read_csv(path, nrows=0).columns.tolist()
+        header = read_header(path)
         if len(header) == 1 and "\t" in header[0]:
             raise DataError("the header is TAB-separated, not a CSV: use --format criteo for "
                             "Criteo's TSV", path=path, line=1)
@@ -181,20 +255,25 @@ def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles, lab
                    if c not in header]
         if missing:
             raise DataError(f"columns {missing} not in the header {header}", path=path, line=1)
-        check_last_line(path, ",", len(header))
-        reader = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
-                             chunksize=chunk_rows, engine="c")
-        header_lines = 1
+        sep, columns, header_lines, options = ",", len(header), 1, {}
     else:
         raise DataError(f"unknown raw format {fmt!r} (allowed: {', '.join(FORMATS)})", path=path)
-    line = 1 + header_lines
-    try:
-        for frame in reader:
-            yield schema, _to_chunk(frame.fillna(""), schema, path, line, has_label,
-                                    label_threshold)
-            line += len(frame)
-    except pd.errors.ParserError as e:
-        raise DataError(f"malformed row: {e}", path=path) from e
+    with open_raw(path) as stream:
+        ends = _LineEnds(stream, sep)
+        reader = pd.read_csv(io.BufferedReader(ends, 1 << 16), dtype=str, keep_default_na=False,
+                             na_filter=False, chunksize=chunk_rows, engine="c",
+                             compression=None, **options)
+        line = 1 + header_lines
+        try:
+            with reader:
+                for frame in reader:
+                    yield schema, _to_chunk(frame.fillna(""), schema, path, line, has_label,
+                                            label_threshold)
+                    line += len(frame)
+        except pd.errors.ParserError as e:
+            raise DataError(f"malformed row: {e}", path=path) from e
+        if warn_cut:
+            ends.warn_if_cut(path, columns)
 
 
 def _to_chunk(frame: pd.DataFrame, schema: RawSchema, path: str, line: int,
@@ -230,13 +309,10 @@ def _to_chunk(frame: pd.DataFrame, schema: RawSchema, path: str, line: int,
 def has_csv_header(path: str) -> bool:
     """A comma-separated first line without TABs: a CSV table, which (as read_raw reads it)
     starts with its header. libsvm and Criteo TSV rows have no commas."""
-    with io.open(path, "r", errors="replace") as f:
-        first = f.readline()
+    first = first_line(path)
     return "," in first and "\t" not in first
 
 
 def sniff_format(path: str) -> str:
     """'criteo' for TAB-separated rows, 'csv' for a comma-separated file with a header."""
-    with io.open(path, "r", errors="replace") as f:
-        first = f.readline()
-    return "criteo" if "\t" in first else "csv"
+    return "criteo" if "\t" in first_line(path) else "csv"

@@ -123,12 +123,10 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
 def raw_header(path: str, vocab) -> list[str]:
     """The column names of a raw file as _blocks reads it through `vocab`: a CSV's header;
     for Criteo's TSV (no header) the vocabulary's label and field names, in file order."""
-    import pandas as pd
-
-    from ..data.raw import sniff_format
+    from ..data.raw import read_header, sniff_format
     if sniff_format(path) == "criteo":
         return [vocab.schema.label or "label"] + vocab.schema.fields
-    return pd.read_csv(path, nrows=0).columns.tolist()
+    return read_header(path)
 
 
 def raw_column(inputs: list[str], column: str, vocab, chunk_rows: int = 200_000):
@@ -137,15 +135,17 @@ def raw_column(inputs: list[str], column: str, vocab, chunk_rows: int = 200_000)
     uses), for a column the vocabulary need not know (one it dropped, or `id`)."""
     import pandas as pd
 
-    from ..data.raw import sniff_format
+    from ..data.raw import open_raw, sniff_format
     for path in inputs:
         if sniff_format(path) == "criteo":
             kw = dict(sep="\t", header=None, names=raw_header(path, vocab), quoting=3)
         else:
             kw = {}
-        for frame in pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
-                                 usecols=[column], chunksize=chunk_rows, engine="c", **kw):
-            yield frame[column].fillna("").to_numpy(object)
+        with open_raw(path) as f:
+            for frame in pd.read_csv(f, dtype=str, keep_default_na=False, na_filter=False,
+                                     usecols=[column], chunksize=chunk_rows, engine="c",
+                                     compression=None, **kw):
+                yield frame[column].fillna("").to_numpy(object)
 
 
 def _libffm_blocks(inputs: list[str], info: dict, batch: int):
