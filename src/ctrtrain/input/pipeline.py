@@ -80,13 +80,20 @@ def parse_fields_batch(serialized, schema, with_label: bool = True):
     after them), numeric [B, N], every bag cut to its
     max_len (a multi_hot's first ids, a sequence's last) and padded with -1 ids and 0 weights
     into bag_ids / bag_weights [B, sum max_len]."""
-    from ..data.schema import WEIGHTS_SUFFIX
     from ..data.schema import feature_spec as fields_spec
     spec = fields_spec(schema)
     if not with_label:
         del spec["label"]
-    f = tf.io.parse_example(serialized, spec)
-    rows = tf.shape(serialized, out_type=tf.int64)[:1]
+    return fields_batch(tf.io.parse_example(serialized, spec), schema, with_label)
+
+
+def fields_batch(f: dict, schema, with_label: bool = True) -> dict:
+    """parse_fields_batch's layout from the fields as parse_example gives them ({name: [B, 1]
+    tensor or RaggedTensor}): from records, or from raw cells (data/raw_graph.py)."""
+    from ..data.schema import WEIGHTS_SUFFIX
+    first = f[schema.fields[0].name]
+    rows = (first.nrows() if isinstance(first, tf.RaggedTensor)
+            else tf.shape(first, out_type=tf.int64)[0])[None]
     out = {"label": f["label"][:, 0]} if with_label else {}
     checks = _outside_reserved_spans(f, schema)
     f.update({c.name: field_ids(c, f[c.name]) for c in schema.fields if c.hash_buckets})
