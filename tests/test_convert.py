@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import random_rows, run_cli
+from conftest import cli, random_rows, run_cli
 from ctrtrain.data.convert import libsvm_to_tfrecord, tfrecord_to_libsvm
 from ctrtrain.data.libsvm import Rows, format_libsvm
 from ctrtrain.data.manifest import read_manifest, sha256_file
@@ -95,3 +95,44 @@ def test_cli_refuses_to_mix_outputs(tmp_path):
     r = run_cli("data", "convert", paths[0], "--out", tmp_path / "o", "--field-size", 39, check=False)
     assert r.returncode == 2 and "not empty" in r.stderr
     run_cli("data", "convert", paths[0], "--out", tmp_path / "o", "--field-size", 39, "--overwrite")
+
+
+@pytest.mark.parametrize("name,compress,said", [
+    ("train.ffm.gz", "gzip", "a gzip-compressed libffm file"),
+    ("train.libsvm.gz", "gzip", "a gzip-compressed libsvm file"),
+    ("train.ffm.xz", "lzma", "an xz-compressed libffm file")])
+def test_compressed_text_is_refused_by_its_name_not_called_tfrecord(tmp_path, name, compress,
+                                                                    said):
+    """A compressed libffm or libsvm file was called "TFRecord" (any gzip file is, to the
+    format guess): named for what it is, with what to do."""
+    import importlib
+    text = "1 0:1:1 1:5:1\n0 0:2:1 1:6:1\n" if ".ffm" in name else "1 1:1 2:1\n0 3:1 4:1\n"
+    src = tmp_path / name
+    src.write_bytes(importlib.import_module(compress).compress(text.encode()))
+    code, _, err = cli("data", "convert", src, "--out", tmp_path / "o", "--field-size", 2)
+    assert code == 2
+    assert f"{src}: {said}: decompress it first" in err, err
+    assert "TFRecord" not in err
+    assert not (tmp_path / "o").exists()
+    # The TFRecords convert writes compressed are still told apart, and named so.
+    out = tmp_path / "tf"
+    plain = tmp_path / "plain.libsvm"
+    plain.write_text("1 1:1 2:1\n")
+    assert cli("data", "convert", plain, "--out", out, "--field-size", 2, "--gzip")[0] == 0
+    shard = next(out.glob("*.tfrecord.gz"))
+    code, _, err = cli("data", "convert", shard, "--out", tmp_path / "o2")
+    assert code == 2 and f"{shard}: is TFRecord, not libsvm text" in err
+
+
+def test_a_libffm_file_of_blank_lines_has_no_rows(tmp_path):
+    """A libffm file of only blank lines was taken for libsvm and asked for --field-size: it
+    has no rows, said as an empty file's is."""
+    empty, blank = tmp_path / "empty.ffm", tmp_path / "blank.ffm"
+    empty.write_text("")
+    blank.write_text("\n\n  \n\t\n")
+    code, _, err = cli("data", "convert", empty, "--out", tmp_path / "o")
+    assert code == 2 and f"{empty}: is empty: no rows to convert" in err
+    code, _, err = cli("data", "convert", blank, "--out", tmp_path / "o")
+    assert code == 2 and f"{blank}: holds only blank lines: no rows to convert" in err, err
+    assert "--field-size" not in err
+    assert not (tmp_path / "o").exists()

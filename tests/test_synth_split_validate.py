@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import cli, run_cli
 from ctrtrain.data.files import list_inputs
 from ctrtrain.data.libsvm import Rows, parse_libsvm
 from ctrtrain.data.manifest import read_manifest
@@ -121,6 +121,30 @@ def test_split_by_hash_and_order(tmp_path, shared):
     assert split_text([str(src)], tmp_path / "tsv")["header"] is False
     with pytest.raises(DataError):
         split_text([str(src)], tmp_path / "bad", fractions=(0.5, 0.6, 0.1))
+
+
+@pytest.mark.parametrize("by", ["hash", "order"])
+def test_split_of_a_gzipped_csv_is_the_split_of_its_text(tmp_path, shared, by):
+    """`data split train.csv.gz` splits the rows, as featurize reads them (it split the
+    compressed bytes, into `train.gz` files no reader could use): the same outputs as the
+    plain file's, named `.csv` and written uncompressed, each with the header."""
+    import gzip
+    text = (shared / "deepctr_samples" / "criteo_sample.txt").read_bytes()
+    (tmp_path / "train.csv").write_bytes(text)
+    (tmp_path / "train.csv.gz").write_bytes(gzip.compress(text))
+    for name in ("train.csv", "train.csv.gz"):
+        code, out, err = cli("data", "split", tmp_path / name, "--out", tmp_path / f"s-{name}",
+                             "--by", by)
+        assert code == 0, err
+    plain, packed = tmp_path / "s-train.csv", tmp_path / "s-train.csv.gz"
+    assert sorted(p.name for p in packed.iterdir()) == \
+        ["split.json", "test.csv", "train.csv", "valid.csv"]
+    for name in ("train.csv", "valid.csv", "test.csv"):
+        assert (packed / name).read_bytes() == (plain / name).read_bytes()
+        assert (packed / name).read_bytes().startswith(text.split(b"\n")[0] + b"\n")
+    summary = json.loads((packed / "split.json").read_text())
+    assert summary["rows"] == json.loads((plain / "split.json").read_text())["rows"]
+    assert sum(summary["rows"].values()) == 200 and summary["header"] is True
 
 
 def test_validate_catches_tampering_and_range(tmp_path):

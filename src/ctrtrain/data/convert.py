@@ -24,10 +24,18 @@ from .files import (
     split_ranges,
     staged,
 )
-from .libffm import FieldStats, check_declaration, is_libffm, parse_libffm, to_field_rows
+from .libffm import (
+    FieldStats,
+    check_declaration,
+    is_libffm,
+    is_libffm_line,
+    parse_libffm,
+    to_field_rows,
+)
 from .libsvm import BadRow, format_libsvm, parse_libsvm
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
 from .parallel import run_tasks
+from .raw import _UNDECOMPRESSED, _undecompressed, open_raw
 from .schema import FieldRows
 from .tfrecord import SUFFIX, ShardWriter
 
@@ -229,8 +237,16 @@ def check_text(path: str) -> None:
     before any format is guessed from it."""
     with open(path, "rb") as f:
         head = f.read(1 << 16)
+        blank = not head.strip()
+        while blank and (more := f.read(1 << 20)):    # blank so far: is the rest too?
+            blank = not more.strip()
     if not head:
         raise DataError("is empty: no rows to convert", path=path)
+    if blank:
+        # Named as an empty file is: left to the format guess, a libffm file of blank lines
+        # was taken for libsvm (its first line has no field:id:value pair) and asked for
+        # --field-size.
+        raise DataError("holds only blank lines: no rows to convert", path=path)
     nul = head.find(b"\0")
     try:
         head.decode("utf-8")
@@ -261,6 +277,8 @@ def convert(inputs, out_dir, *, to: str = "tfrecord", field_size: int | None = N
                             "`ctrtrain data index` writes one)", path=", ".join(inputs[:3]))
         return tfrecord_to_libsvm(inputs[0], out_dir, processes=processes, overwrite=overwrite)
     files = src.paths(inputs[0]) if src else list_inputs(inputs)
+    for f in files:
+        refuse_compressed_text(f)
     tfrecords = [f for f in files if detect_format(f)[0] == "tfrecord"]
     if tfrecords or (src and src.format == "tfrecord"):
         raise DataError("is TFRecord, not libsvm text: TFRecords in the fixed-field schema are "
@@ -335,3 +353,32 @@ def tfrecord_to_libsvm(data_dir, out_dir, *, processes: int | None = None,
     manifest.write(out)
     finish_output_dir(out)
     return manifest
+
+
+# The stream types open_raw decompresses with, by name, as a refusal names them.
+_DECOMPRESSED = {"GzipFile": "a gzip", "BZ2File": "a bzip2", "LZMAFile": "an xz"}
+
+
+def refuse_compressed_text(path: str) -> None:
+    """A gzip, bzip2 or xz file holding text (`train.ffm.gz`, `train.libsvm.bz2`) is refused,
+    naming it: the converter reads plain text only (its workers seek to lines' byte offsets,
+    which a compressed stream has not), and detect_format, told only the first bytes, calls
+    any gzip file a TFRecord. A compressed file holding no text (a gzipped TFRecord) is left
+    to the checks that follow."""
+    try:
+        f = open_raw(path)
+    except DataError:          # a zip or zstd archive: check_text names it as not text
+        return
+    with f:
+        kind = _DECOMPRESSED.get(type(f).__name__)
+        if kind is None:
+            return
+        try:
+            head = f.read(1 << 16)
+        except _UNDECOMPRESSED as e:
+            raise _undecompressed(e, path) from None
+    if b"\0" in head:          # a TFRecord's length prefix holds NULs
+        return
+    fmt = "libffm" if is_libffm_line(head.split(b"\n", 1)[0]) else "libsvm"
+    raise DataError(f"{kind}-compressed {fmt} file: decompress it first (libsvm and libffm "
+                    "input is read as plain text)", path=path)

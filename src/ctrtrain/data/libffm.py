@@ -38,7 +38,12 @@ def field_name(j: int) -> str:
 def is_libffm(path: str) -> bool:
     """Whether a text file's first line's first pair is field:id:value (libsvm's has one ':')."""
     with open(path, "rb") as f:
-        tokens = f.readline().split()
+        return is_libffm_line(f.readline())
+
+
+def is_libffm_line(line: bytes) -> bool:
+    """Whether a line's first pair is field:id:value (libsvm's has one ':')."""
+    tokens = line.split()
     return len(tokens) > 1 and tokens[1].count(b":") == 2
 
 

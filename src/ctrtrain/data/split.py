@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import DataError, named
 from .files import abandon_output_dir, finish_output_dir, list_inputs, prepare_output_dir
+from .raw import _UNDECOMPRESSED, _undecompressed, has_csv_header, open_raw
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -20,7 +21,8 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
     not depend on the order or the other rows (and duplicates never straddle splits).
     `by="order"`: the first fraction of rows to train, the next to valid, the rest to test.
     A header line is copied to every output; `header` None: a CSV table (commas, no TABs on
-    its first line) has one, as featurize reads it."""
+    its first line) has one, as featurize reads it. A gzip, bzip2 or xz input is split as
+    its text (open_raw), into uncompressed outputs (`train.csv.gz` -> `train.csv` ...)."""
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
         raise DataError(f"fractions must be three non-negative numbers summing to 1, got {fractions}",
                         field="fractions")
@@ -28,10 +30,9 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
         raise DataError(f"split by must be 'hash' or 'order', not {by!r}", field="by")
     files = list_inputs(inputs)
     if header is None:
-        from .raw import has_csv_header
         header = has_csv_header(files[0])
     out = prepare_output_dir(out_dir, overwrite, inputs)
-    suffix = Path(files[0]).suffix or ".txt"
+    suffix = _text_suffix(files[0])
     paths = [out / f"{name}{suffix}" for name in SPLIT_NAMES]
     handles = [open(str(p) + ".tmp", "wb") for p in paths]
     counts = [0, 0, 0]
@@ -44,9 +45,10 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
         salt = f"{seed}\x00".encode()
         first_header, seen = None, 0
         for f in files:
-            with open(f, "rb") as fh:
+            # closed at once if the split stops mid-file (a full disk), not when collected
+            with contextlib.closing(_text_lines(f)) as lines:
                 if header:
-                    h = fh.readline()
+                    h = next(lines, b"")
                     if first_header is None:
                         first_header = h
                         for k, w in enumerate(handles):
@@ -54,7 +56,7 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
                                 w.write(h)
                             except OSError as e:
                                 raise named(e, f"{paths[k]}.tmp") from e
-                for line in fh:
+                for line in lines:
                     if not line.endswith(b"\n"):
                         line += b"\n"
                     if by == "hash":
@@ -95,5 +97,29 @@ def split_text(inputs, out_dir, *, fractions=(0.8, 0.1, 0.1), by: str = "hash", 
 
 
 def _data_lines(path: str, header: bool) -> int:
-    from .files import count_lines
-    return count_lines(path) - (1 if header else 0)
+    return sum(1 for _ in _text_lines(path)) - (1 if header else 0)
+
+
+# Compression suffixes a split's output name drops: the outputs are written uncompressed.
+_COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
+
+
+def _text_suffix(path: str) -> str:
+    """The outputs' suffix: the input's, less a compression suffix (`train.csv.gz` -> `.csv`,
+    Criteo's `day_0.gz` -> `.txt`), since the rows are written out decompressed; `.txt` when
+    the name has none."""
+    name = Path(path)
+    if name.suffix.lower() in _COMPRESSED_SUFFIXES:
+        name = name.with_suffix("")
+    return name.suffix or ".txt"
+
+
+def _text_lines(path: str):
+    """The input's lines as bytes, decompressed if it is gzip, bzip2 or xz (open_raw: as
+    featurize reads it, so a split of `train.csv.gz` holds its rows, not compressed bytes);
+    a file that does not decompress (cut short, corrupt) is named as featurize names it."""
+    try:
+        with open_raw(path) as f:
+            yield from f
+    except _UNDECOMPRESSED as e:
+        raise _undecompressed(e, path) from None
