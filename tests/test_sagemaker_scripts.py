@@ -218,6 +218,99 @@ def test_requirements_lines_resolved_before_the_hosts_start(tmp_path):
             resolvable_lines(req)
 
 
+# Each line names a package (or index, or requirements file) outside the job's code directory
+# in a form pip accepts, and which a dry run in the launcher would build or read (F41).
+OUTSIDE_FORMS = [
+    ("mypkg @ file://{out}/mypkg", None),                           # PEP 508 direct reference
+    ("mypkg @ file:../outside/mypkg", None),
+    ("mypkg @ file://localhost{out}/mypkg", None),
+    ("mypkg[gpu] @ file://{out}/mypkg ; python_version >= \"3.8\"", None),      # markers
+    ("mypkg @ file://{out}/mypkg; sys_platform == \"linux\"", None),
+    ("mypkg @ file://{out}/mypkg --hash=sha256:" + "0" * 64, "mypkg @ file://{out}/mypkg"),
+    ("file://{out}/mypkg", None),                                   # bare file: URL
+    ("git+file://{out}/repo@v1.0#egg=mypkg", None),                 # a local git repository
+    ("mypkg @ git+file://{out}/repo", None),
+    ("-e git+file://{out}/repo#egg=mypkg", "git+file://{out}/repo#egg=mypkg"),
+    ("-e../outside/mypkg", "../outside/mypkg"),                     # glued to the option
+    ("--editable=../outside/mypkg", "../outside/mypkg"),
+    ('-e "mypkg @ file://{out}/mypkg"', "mypkg @ file://{out}/mypkg"),
+    ("-r../outside/base.txt", "../outside/base.txt"),
+    ("-c../outside/constraints.txt", "../outside/constraints.txt"),
+    ("-f../outside/wheels", "../outside/wheels"),
+    ("--find-links ../outside/wheels --no-index", "../outside/wheels"),
+    ("--index-url file://{out}/simple", "file://{out}/simple"),    # a local package index
+    ("${SHARED_PKGS}/mypkg", "{out}/mypkg"),                        # pip expands ${VARS}
+    ("mypkg @ file://${SHARED_PKGS}/mypkg", "mypkg @ file://{out}/mypkg"),
+    ("-e \\\n    ../outside/mypkg", "../outside/mypkg"),           # continued on the next line
+    ("file:./vendor#subdirectory={out}/mypkg", None),               # pip joins it: absolute
+    ("mypkg @ https://example.com/mypkg-1.0.tar.gz#subdirectory=../../../../../../..{out}",
+     None),                                                         # climbs out of pip's tmp
+    ("./vendor/shared", None),                                      # a symlink out of the code
+]
+
+
+@pytest.mark.parametrize("line,arg", OUTSIDE_FORMS, ids=[f[0] for f in OUTSIDE_FORMS])
+def test_requirements_outside_the_code_refused_in_every_form_pip_reads(tmp_path, monkeypatch,
+                                                                         line, arg):
+    """However a requirements.txt spells a path outside the code directory -- PEP 508
+    `name @ file:`, file: and git+file: URLs, options glued to their argument, ${VARS},
+    markers, hashes, continuation lines -- the launcher refuses it by file and line before
+    pip's dry run could build or read it in the launcher's own process."""
+    from ctrtrain.errors import ConfigError
+    from ctrtrain.launch.wheelhouse import resolvable_lines
+    code, out = tmp_path / "code", tmp_path / "outside"
+    (out / "mypkg").mkdir(parents=True)
+    (out / "mypkg" / "setup.py").write_text("raise SystemExit('built outside the job')\n")
+    (out / "base.txt").write_text("requests\n")
+    (code / "vendor").mkdir(parents=True)
+    (code / "vendor" / "shared").symlink_to(out / "mypkg")
+    monkeypatch.setenv("SHARED_PKGS", str(out))
+    req = code / "requirements.txt"
+    req.write_text("# training dependencies\ntensorflow-datasets==4.9.3\n"
+                   f"{line.replace('{out}', str(out))}\npandas>=2.0  # evaluation\n")
+    arg = (arg or line).replace("{out}", str(out))
+    with pytest.raises(ConfigError) as e:
+        resolvable_lines(req)
+    assert f"requirements.txt, line 3: {arg!r} is outside the job's code directory" in str(e.value)
+
+
+def test_requirements_in_the_code_named_by_url_or_option_are_accepted(tmp_path, monkeypatch):
+    """The same forms naming the job's own code are kept as before: wheels and find-links
+    made absolute, directories and editables left to the host; index requirements, markers
+    and remote URLs go to the dry run as written."""
+    from ctrtrain.launch.wheelhouse import resolvable_lines
+    code = tmp_path / "code"
+    (code / "vendor" / "mypkg").mkdir(parents=True)
+    (code / "vendor" / "mypkg" / "setup.py").write_text("raise SystemExit('host builds it')\n")
+    wheel = code / "vendor" / "a-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    monkeypatch.setenv("VENDOR_DIR", "vendor")
+    req = code / "requirements.txt"
+    req.write_text(
+        "numpy==1.26.4\n"
+        "mypkg @ file:./vendor/mypkg\n"
+        "mypkg @ file:vendor/mypkg ; python_version >= \"3.8\"\n"
+        f"mypkg @ file://{code}/vendor/mypkg\n"
+        "file:./vendor/mypkg#egg=mypkg\n"
+        "-e file:./vendor/mypkg\n"
+        "-e./vendor/mypkg\n"
+        "--editable=./vendor/mypkg\n"
+        "./${VENDOR_DIR}/mypkg\n"
+        "a @ file:./vendor/a-1.0-py3-none-any.whl\n"
+        "-f./vendor\n"
+        "--find-links=file:./vendor\n"
+        "requests[socks]>=2; python_version>\"3.8\"\n"
+        "tabulate @ https://files.pythonhosted.org/packages/tabulate-0.9.0-py3-none-any.whl\n"
+        "-e git+https://github.com/psf/requests@v2.31.0#egg=requests\n"
+        "--extra-index-url https://download.pytorch.org/whl/cpu\n")
+    assert resolvable_lines(req) == [
+        "numpy==1.26.4", str(wheel), f"--find-links {code / 'vendor'}",
+        f"--find-links {code / 'vendor'}", "requests[socks]>=2; python_version>\"3.8\"",
+        "tabulate @ https://files.pythonhosted.org/packages/tabulate-0.9.0-py3-none-any.whl",
+        "-e git+https://github.com/psf/requests@v2.31.0#egg=requests",
+        "--extra-index-url https://download.pytorch.org/whl/cpu"]
+
+
 @pytest.mark.slow
 def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
     data = tmp_path / "data"
