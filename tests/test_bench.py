@@ -247,7 +247,7 @@ def test_bench_quality_din_on_declared_fields_and_deepctr(tmp_path):
     assert set(runs) == {"ctrtrain auto:din_target=C1"} | ({"deepctr"} if peer else set())
     from ctrtrain.train.config import TrainConfig
     assert runs["ctrtrain auto:din_target=C1"][-1]["settings"] == {
-        "embedding_size": TrainConfig.embedding_size, "deep_layers": list(TrainConfig.deep_layers),
+        "embedding_size": 4, "deep_layers": list(TrainConfig.deep_layers),   # auto, small set
         "dropout": TrainConfig.dropout, "l2_reg": TrainConfig.l2_reg,
         "learning_rate": TrainConfig.learning_rate, "batch_size": 256}
     # --seeds 2: each trainer twice, seeds 0 and 1, different initial values: different AUCs;

@@ -263,7 +263,7 @@ def test_the_recipe_on_one_host_trains_what_the_command_trains(declared, declare
     the output bias at 0 instead of the data's prior (test AUC 0.726 vs 0.750 here)."""
     md = tmp_path / "model"
     ok("train", "--train", declared / "train", "--test", declared / "test", "--model-dir", md,
-       "--epochs", 1, "--batch-size", 512)
+       "--epochs", 1, "--batch-size", 512, "--embedding-size", 16)
     result = json.loads((md / "result.json").read_text())
     assert result["step"] == declared_single["step"]
     assert result["test"]["auc"] == pytest.approx(declared_single["test"]["auc"], abs=1e-6)
@@ -313,7 +313,8 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
     with_family = example == "horovod" or (
         example in ("deepfm-mirrored", "deepfm-allreduce") and "sparse_reduce" not in hp
         and not tf.__version__.startswith("2.15"))
-    runs = {"deepfm": {"epochs": 1, **hp}, **(family(**hp) if with_family else {})}
+    runs = {"deepfm": {"epochs": 1, "embedding_size": 16, **hp},    # as declared_single's
+            **(family(**hp) if with_family else {})}
     done, job, out = launch(tmp_path, example, declared, python=python, runs=runs)
     r = done["deepfm"]["result"]
     assert r["replicas"] == 2 and r["global_batch"] == 512 and r["step"] == declared_single["step"], r

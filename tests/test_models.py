@@ -371,7 +371,8 @@ def test_embedding_init_is_the_tables_initial_spread(model, setting, std):
     starts at 0."""
     from ctrtrain.models import build_model
     from ctrtrain.train.config import TrainConfig, model_config
-    cfg = TrainConfig(train_dir="d", model_dir="m", model=model, embedding_init=setting)
+    cfg = TrainConfig(train_dir="d", model_dir="m", model=model, embedding_init=setting,
+                      embedding_size=16)
     table = build_model(model_config(cfg, feature_size=20_000, field_size=4)).table.numpy()
     assert not table[:, 0].any()
     assert table[:, 1:].mean() == pytest.approx(0.0, abs=std / 20)

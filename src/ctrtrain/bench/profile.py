@@ -37,7 +37,8 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
 
     ds, m = dataset_from_dir(data_dir, PipelineConfig())
     batches = [b for _, b in zip(range(warmup + steps), ds)]
-    deep = {"dropout": REFERENCE["dropout"], "mixed_precision": mixed_precision}
+    deep = {"dropout": REFERENCE["dropout"], "mixed_precision": mixed_precision,
+            "embedding_size": REFERENCE["embedding_size"]}
     cfg = TrainConfig(train_dir=data_dir, model_dir="unused", model=model,
                       table_updates=table_updates,
                       **{k: v for k, v in deep.items() if k in MODELS[model].reads})
