@@ -6,27 +6,35 @@
   examples         serialized tf.train.Example records [None] -> prob, as the training
                    TFRecords hold them (no label needed), parsed by training's own parser:
                    a client sends records and needs to know no tensor layout.
-Both refuse (InvalidArgumentError naming the record) what training refuses: an id outside the
-table, a value that is not finite.
+  raw              (a model of featurized data) one string tensor [None] per raw column, named
+                   as the vocabulary names it, the cells as the file holds them -> prob:
+                   featurize's own transform in the graph (data/raw_graph.py), so a client
+                   sends the rows it has. Not for the fixed schema's hash mode (crc32).
+Each refuses (InvalidArgumentError naming the record) what training refuses: an id outside the
+table, a value that is not finite, a cell featurize refuses.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import tensorflow as tf
 
+# A signature input's name is a graph op's: a raw signature needs its columns named so.
+INPUT_NAME = r"[A-Za-z0-9.][A-Za-z0-9_.\-/]*"
 EXTRA = "assets.extra"   # files TF Serving ignores but travel with the model
 INFO = "ctrtrain.json"
 VOCAB = "vocab.json"
 
 
 class _Serving(tf.Module):
-    def __init__(self, model, schema=None):
-        """`schema`: the training data's declared fields, None for the fixed schema."""
+    def __init__(self, model, schema=None, vocab=None):
+        """`schema`: the training data's declared fields, None for the fixed schema; `vocab`:
+        its featurization vocabulary (data/featurize.py Vocabulary), for the raw signature."""
         super().__init__()
         self.model = model
         cfg = model.cfg
@@ -70,6 +78,21 @@ class _Serving(tf.Module):
                 if schema is None else parse_fields_batch(examples, schema, with_label=False)
             return scored(features)
         self.serve_examples = serve_examples
+        self.serve_raw = None
+        if vocab is not None and (vocab.mode == "vocab" or vocab.declared) and \
+                all(re.fullmatch(INPUT_NAME, c) for c in vocab.schema.fields):
+            from ..data.raw_graph import RawGraph
+            from ..input.pipeline import fields_batch
+            self.raw_graph = RawGraph(vocab)
+
+            @tf.function(input_signature=[{c: tf.TensorSpec([None], tf.string, name=c)
+                                           for c in self.raw_graph.columns}], autograph=False)
+            def serve_raw(cells):
+                if schema is None:
+                    return scored(self.raw_graph.fixed(cells))
+                return scored(fields_batch(self.raw_graph.parsed(cells), schema,
+                                           with_label=False))
+            self.serve_raw = serve_raw
 
 
 def export_saved_model(model, export_base, version: int, info: dict,
@@ -80,12 +103,18 @@ def export_saved_model(model, export_base, version: int, info: dict,
     final = Path(export_base) / str(version)
     tmp = Path(export_base) / f".{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    serving = _Serving(model, schema)
+    vocab = None
+    if vocab_file:
+        from ..data.featurize import Vocabulary
+        vocab = Vocabulary.load(vocab_file)
+    serving = _Serving(model, schema, vocab)
+    signatures = {"serving_default": serving.serve, "examples": serving.serve_examples}
+    if serving.serve_raw is not None:
+        signatures["raw"] = serving.serve_raw
     from .. import kernels
     try:
         with kernels.off():    # the graph holds TensorFlow's own ops only
-            tf.saved_model.save(serving, str(tmp), signatures={
-                "serving_default": serving.serve, "examples": serving.serve_examples})
+            tf.saved_model.save(serving, str(tmp), signatures=signatures)
     except tf.errors.OpError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         from ..errors import CtrError
