@@ -35,7 +35,7 @@ from .libffm import (
 from .libsvm import BadRow, format_libsvm, parse_libsvm
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
 from .parallel import run_tasks
-from .raw import _UNDECOMPRESSED, _undecompressed, open_raw
+from .raw import UNDECOMPRESSED, undecompressed_error, open_raw
 from .schema import FieldRows
 from .tfrecord import SUFFIX, ShardWriter
 
@@ -375,8 +375,8 @@ def refuse_compressed_text(path: str) -> None:
             return
         try:
             head = f.read(1 << 16)
-        except _UNDECOMPRESSED as e:
-            raise _undecompressed(e, path) from None
+        except UNDECOMPRESSED as e:
+            raise undecompressed_error(e, path) from None
     if b"\0" in head:          # a TFRecord's length prefix holds NULs
         return
     fmt = "libffm" if is_libffm_line(head.split(b"\n", 1)[0]) else "libsvm"

@@ -134,18 +134,18 @@ def read_raw(path: str, fmt: str, schema: RawSchema | None = None, chunk_rows: i
         raise DataError("file is empty (no header, no rows)", path=path) from None
     except UnicodeDecodeError as e:
         raise DataError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=path) from None
-    except _UNDECOMPRESSED as e:
-        raise _undecompressed(e, path) from None
+    except UNDECOMPRESSED as e:
+        raise undecompressed_error(e, path) from None
 
 
 _COMPRESSED = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
 _UNREAD = ((b"PK\x03\x04", "zip"), (b"\x28\xb5\x2f\xfd", "zstd"))
 
 
-_UNDECOMPRESSED = (EOFError, lzma.LZMAError, OSError)
+UNDECOMPRESSED = (EOFError, lzma.LZMAError, OSError)
 
 
-def _undecompressed(e: Exception, path: str) -> Exception:
+def undecompressed_error(e: Exception, path: str) -> Exception:
     """What to raise for an error while decompressing: the file's (gzip's, bzip2's, xz's
     complaints) named as a DataError; the system's (an errno: a missing file, a disk) as is."""
     if isinstance(e, OSError) and e.errno is not None:
@@ -176,8 +176,8 @@ def first_line(path: str) -> str:
     try:
         with open_raw(path) as f:
             return f.readline(1 << 20).decode("utf-8", errors="replace")
-    except _UNDECOMPRESSED as e:
-        raise _undecompressed(e, path) from None
+    except UNDECOMPRESSED as e:
+        raise undecompressed_error(e, path) from None
 
 
 class _LineEnds(io.RawIOBase):

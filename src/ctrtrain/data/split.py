@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import DataError, named
 from .files import abandon_output_dir, finish_output_dir, list_inputs, prepare_output_dir
-from .raw import _UNDECOMPRESSED, _undecompressed, has_csv_header, open_raw
+from .raw import UNDECOMPRESSED, undecompressed_error, has_csv_header, open_raw
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -121,5 +121,5 @@ def _text_lines(path: str):
     try:
         with open_raw(path) as f:
             yield from f
-    except _UNDECOMPRESSED as e:
-        raise _undecompressed(e, path) from None
+    except UNDECOMPRESSED as e:
+        raise undecompressed_error(e, path) from None
