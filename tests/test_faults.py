@@ -28,7 +28,8 @@ def data(synth_data):
 # no stand-in here: it reads the rows in another order, and ends up to 0.005 away (this data,
 # global batch 512, 2 epochs: all-reduce 0.7864, one process 0.7812 / 0.7844 / 0.7840 with
 # seeds 0-2).
-ALLREDUCE_HP = {"epochs": 2, "batch_size": 256, "checkpoint_every": 10, "log_every": 5}
+ALLREDUCE_HP = {"epochs": 2, "batch_size": 256, "embedding_size": 16, "checkpoint_every": 10,
+                "log_every": 5}
 RESUMED_AUC_TOLERANCE = 1e-4
 
 
@@ -112,7 +113,7 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path, data, single):
     undisturbed = single[256, 2]["test"]["auc"]
     trained_logloss = single[256, 2]["test"]["logloss"]
     proc, run = start(tmp_path, "deepfm-parameter-server", data,
-                      hyperparameters={**PS_HP, "log_every": 20})
+                      hyperparameters={**PS_HP, "embedding_size": 16, "log_every": 20})
     wait_for(lambda: events(run, "train"), proc)
     at_step = max(e["step"] for e in events(run, "train"))
     os.kill(pid_of(run, "algo-2/worker/1"), signal.SIGKILL)
