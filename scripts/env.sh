@@ -10,12 +10,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # Reinstall only when the pins or the package metadata changed.
 stamp="$venv/.ctrtrain-installed"
-want="$(cat "$root/requirements/main.txt" "$root/requirements/sagemaker-tensorflow.txt" "$root/requirements/keras2.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$root/requirements/main.txt" "$root/requirements/sagemaker-tensorflow.txt" "$root/requirements/keras2.txt" "$root/requirements/serving.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   "$venv/bin/python" -m pip install --quiet -r "$root/requirements/main.txt"
   "$venv/bin/python" -m pip install --quiet --no-deps -r "$root/requirements/sagemaker-tensorflow.txt" \
-    -r "$root/requirements/keras2.txt"
+    -r "$root/requirements/keras2.txt" -r "$root/requirements/serving.txt"
   "$venv/bin/python" -m pip install --quiet --no-deps -e "$root"
   echo "$want" > "$stamp"
 fi

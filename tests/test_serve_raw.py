@@ -1,6 +1,8 @@
 """The exported model's `raw` signature (train/export.py, data/raw_graph.py): a plain
 TensorFlow process that never imports ctrtrain loads the SavedModel and scores raw rows, cells
-as the file holds them, equal to `ctrtrain predict` on the same file."""
+as the file holds them, equal to `ctrtrain predict` on the same file; and the same rows as a
+TensorFlow Serving client sends them (tensorflow-serving-api's PredictRequest) fit the
+signature and score the same."""
 
 import json
 import subprocess
@@ -14,6 +16,7 @@ from conftest import ctrtrain_here
 CLIENT = r"""
 import csv, json, sys
 import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2
 out = []
 for model, path, sep in json.loads(sys.argv[1]):
     serve = tf.saved_model.load(model).signatures["raw"]
@@ -27,7 +30,22 @@ for model, path, sep in json.loads(sys.argv[1]):
             header, *rows = list(csv.reader(f))
     cells = {n: tf.constant([r[header.index(n)] if header.index(n) < len(r) else ""
                              for r in rows]) for n in names}
-    out.append(serve(**cells)["prob"].numpy().tolist())
+    prob = serve(**cells)["prob"].numpy()
+    # The same rows as TensorFlow Serving's client sends them: a PredictRequest of the raw
+    # columns, over the wire (serialized) and read back as the server reads it. The server
+    # checks the inputs' names against the signature's (all of them, no others), then
+    # each tensor against its spec.
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = "ctr", "raw"
+    for n, t in cells.items():
+        request.inputs[n].CopyFrom(tf.make_tensor_proto(t.numpy()))
+    got = predict_pb2.PredictRequest.FromString(request.SerializeToString())
+    assert set(got.inputs) == set(names), (set(got.inputs) ^ set(names))
+    tensors = {n: tf.constant(tf.make_ndarray(p)) for n, p in got.inputs.items()}
+    assert all(names[n].is_compatible_with(t) for n, t in tensors.items())
+    served = serve(**tensors)["prob"].numpy()
+    assert (served == prob).all(), (served, prob)
+    out.append(prob.tolist())
 assert not any(m.startswith("ctrtrain") for m in sys.modules)
 print(json.dumps(out))
 """
