@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from conftest import ctrtrain_here
 from ctrtrain.data.featurize import Vocabulary, featurize_file
-from ctrtrain.data.raw_graph import RawGraph
+from ctrtrain.data.raw_graph import RawGraph, crc32
 from ctrtrain.input.pipeline import fields_batch, parse_fields_batch
 
 # Awkward cells on purpose: empty numeric and categorical cells, spaces and an exponent in a
@@ -65,10 +65,12 @@ def test_declared_fields_from_raw_cells_equal_featurizes(tmp_path, options):
             np.testing.assert_array_equal(got[k].numpy(), want[k].numpy(), err_msg=f"{split} {k}")
 
 
-def test_the_fixed_schema_from_a_criteo_line_equals_featurizes(shared, tmp_path):
-    """The real Criteo sample (13 numeric, 26 categorical columns, many empty cells)."""
+@pytest.mark.parametrize("options", [["--min-count", "2"], ["--hash-buckets", "1000"]])
+def test_the_fixed_schema_from_a_criteo_line_equals_featurizes(shared, tmp_path, options):
+    """The real Criteo sample (13 numeric, 26 categorical columns, many empty cells), by
+    vocabulary and by featurize's hash (crc32)."""
     src = shared / "criteo_head1000" / "train.txt"
-    ctrtrain_here("data", "featurize", src, "--out", tmp_path / "f", "--min-count", 2)
+    ctrtrain_here("data", "featurize", src, "--out", tmp_path / "f", *options)
     vocab = Vocabulary.load(str(tmp_path / "f" / "vocab.json"))
     want = next(featurize_file(str(src), vocab))
     frame = pd.read_csv(src, sep="\t", header=None, dtype=str, keep_default_na=False,
@@ -95,3 +97,12 @@ def test_a_cell_featurize_refuses_fails_the_graph_naming_column_and_record(tmp_p
         with pytest.raises(tf.errors.InvalidArgumentError, match=said.replace("[", r"\[")):
             graph.fixed({**{k: tf.constant(v) for k, v in rows.items()},
                          "price": tf.constant(price)})
+
+
+def test_crc32_in_tensorflow_ops_is_zlibs():
+    """The hash of the fixed schema's hash mode: empty, one byte, non-ASCII (UTF-8), a NUL
+    inside, strings of different lengths in one batch."""
+    import zlib
+    words = ["", "a", "C1\x0068fd1e64", "Zürich", "東京", "x" * 300, "a\x00b", "05db9164"]
+    got = crc32(tf.constant(words)).numpy()
+    assert got.tolist() == [zlib.crc32(w.encode()) for w in words]

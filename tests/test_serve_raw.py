@@ -69,6 +69,7 @@ def test_a_plain_tensorflow_client_scores_raw_rows_as_predict_does(shared, tmp_p
                                   "--multi-hot", "genres", "--drop", "title,timestamp",
                                   "--hash-buckets", 300]),
         "criteo": (criteo, ["--min-count", 2]),
+        "criteo_hashed": (criteo, ["--hash-buckets", 1000]),     # featurize's crc32
     }
     jobs, want = [], []
     for name, (raw, options) in cases.items():
@@ -80,7 +81,7 @@ def test_a_plain_tensorflow_client_scores_raw_rows_as_predict_does(shared, tmp_p
         ctrtrain_here("predict", "--model", export, "--input", raw, "--out",
                       tmp_path / f"{name}.csv")
         want.append(predicted(tmp_path / f"{name}.csv"))
-        jobs.append([str(export), str(raw), "\t" if name == "criteo" else ","])
+        jobs.append([str(export), str(raw), "\t" if name.startswith("criteo") else ","])
     r = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(jobs)], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -6,7 +6,7 @@ written for those rows, as training reads it back:
   - `parsed(cells)`: the declared fields as `tf.io.parse_example` gives them for
     `vocab.fields()` (numeric and categorical [B, 1], a bag a RaggedTensor, hashed fields
     their raw strings), for input/pipeline.py `fields_batch`;
-  - `fixed(cells)`: the fixed schema's `ids` and `values` [B, F] (vocabulary mode).
+  - `fixed(cells)`: the fixed schema's `ids` and `values` [B, F].
 The rules are featurize's (data/featurize.py), one by one: a categorical value's id is its
 column's base + its 1-based rank in the vocabulary, 0 for a value it does not hold (a
 shared column looks up its categorical's); a multi-valued cell is split by the separator,
@@ -17,8 +17,9 @@ refuses (not a number, not finite, too large for the transform) fails the call w
 InvalidArgumentError naming the column and the record. tests/test_raw_graph.py holds the
 two to the same output on every column kind.
 
-Not here: the fixed schema's hash mode, whose crc32 of `column NUL value` has no TensorFlow
-op (declared fields hash with TensorFlow's Fingerprint64, which serves as is).
+Hashing: declared fields keep the raw strings, hashed by training's parser (TensorFlow's
+Fingerprint64); the fixed schema's hash mode hashes at featurize, zlib's crc32 of `column NUL
+value`, which TensorFlow has no op for: `crc32` below computes it in TensorFlow's bitwise ops.
 """
 
 from __future__ import annotations
@@ -33,11 +34,43 @@ NUMBER = r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*"
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def _crc32_table() -> np.ndarray:
+    """zlib's CRC-32 table (the reflected polynomial 0xEDB88320), one entry per byte value."""
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        table.append(c)
+    return np.array(table, np.int64)
+
+
+CRC32_TABLE = _crc32_table()
+
+
+def crc32(strings):
+    """zlib.crc32 of each string of a [N] string tensor (its UTF-8 bytes), int64 [N]: a
+    table-driven loop over the longest string's bytes, each string's own length masking the
+    rest. A serving batch's cells are short (a few dozen bytes)."""
+    lengths = tf.strings.length(strings)
+    width = tf.reduce_max(tf.concat([lengths, [1]], 0))
+    data = tf.transpose(tf.cast(tf.io.decode_raw(strings, tf.uint8, fixed_length=width),
+                                tf.int64))                                  # [width, N]
+    table = tf.constant(CRC32_TABLE)
+
+    def step(i, crc):
+        byte = tf.bitwise.bitwise_and(tf.bitwise.bitwise_xor(crc, data[i]), 0xFF)
+        nxt = tf.bitwise.bitwise_xor(tf.gather(table, byte), tf.bitwise.right_shift(crc, 8))
+        return i + 1, tf.where(i < lengths, nxt, crc)
+
+    start = tf.fill(tf.shape(lengths), tf.constant(0xFFFFFFFF, tf.int64))
+    _, crc = tf.while_loop(lambda i, _: i < width, step, [tf.constant(0), start])
+    return tf.bitwise.bitwise_xor(crc, 0xFFFFFFFF)
+
+
 class RawGraph(tf.Module):
     def __init__(self, vocab):
         super().__init__()
-        if vocab.mode == "hash" and not vocab.declared:
-            raise ValueError("the fixed schema's hash mode (crc32) has no TensorFlow op")
         self.vocab = vocab
         s = vocab.schema
         self.columns = list(s.fields)
@@ -53,9 +86,13 @@ class RawGraph(tf.Module):
     def _ids(self, col: str, values):
         """A categorical or multi-valued column's ids of `values` (strings, any shape):
         base + 1-based rank in its (or its shared column's) vocabulary, 0 when unknown. In
-        hash mode the strings themselves: training's parser hashes them."""
+        hash mode: declared fields the strings themselves (training's parser hashes them);
+        the fixed schema featurize's crc32 of `column NUL value` into the column's buckets."""
         if self.vocab.mode == "hash":
-            return values
+            if self.vocab.declared:
+                return values
+            return self._base[col] + crc32(tf.constant(col + "\x00") + values) % \
+                self.vocab.hash_buckets
         table = self._tables[self.vocab.schema.shared.get(col, col)]
         return self._base[col] + table.lookup(values)
 
@@ -104,7 +141,7 @@ class RawGraph(tf.Module):
         return out
 
     def fixed(self, cells: dict) -> dict:
-        """The fixed schema's ids and values [B, F] of these rows (vocabulary mode)."""
+        """The fixed schema's ids and values [B, F] of these rows."""
         s = self.vocab.schema
         rows = tf.shape(cells[self.columns[0]])[0]
         k = len(s.numeric)

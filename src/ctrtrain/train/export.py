@@ -9,7 +9,7 @@
   raw              (a model of featurized data) one string tensor [None] per raw column, named
                    as the vocabulary names it, the cells as the file holds them -> prob:
                    featurize's own transform in the graph (data/raw_graph.py), so a client
-                   sends the rows it has. Not for the fixed schema's hash mode (crc32).
+                   sends the rows it has.
 Each refuses (InvalidArgumentError naming the record) what training refuses: an id outside the
 table, a value that is not finite, a cell featurize refuses.
 """
@@ -79,8 +79,7 @@ class _Serving(tf.Module):
             return scored(features)
         self.serve_examples = serve_examples
         self.serve_raw = None
-        if vocab is not None and (vocab.mode == "vocab" or vocab.declared) and \
-                all(re.fullmatch(INPUT_NAME, c) for c in vocab.schema.fields):
+        if vocab is not None and all(re.fullmatch(INPUT_NAME, c) for c in vocab.schema.fields):
             from ..data.raw_graph import RawGraph
             from ..input.pipeline import fields_batch
             self.raw_graph = RawGraph(vocab)
