@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from conftest import ctrtrain_here
+from conftest import cli, ctrtrain_here
 from ctrtrain.data.featurize import Vocabulary, featurize_file
 from ctrtrain.data.raw_graph import RawGraph, crc32
 from ctrtrain.input.pipeline import fields_batch, parse_fields_batch
@@ -106,3 +106,25 @@ def test_crc32_in_tensorflow_ops_is_zlibs():
     words = ["", "a", "C1\x0068fd1e64", "Zürich", "東京", "x" * 300, "a\x00b", "05db9164"]
     got = crc32(tf.constant(words)).numpy()
     assert got.tolist() == [zlib.crc32(w.encode()) for w in words]
+
+
+def test_predict_reads_raw_rows_through_the_models_graph_and_names_a_refused_cell(tmp_path):
+    """`ctrtrain predict` on raw rows goes through the export's own transform (the raw
+    signature's): a cell only the graph refuses (finite, but too large for the transform)
+    is named by file, line and column, exit 2, and no output is left."""
+    (tmp_path / "train.csv").write_text(TRAIN)
+    ctrtrain_here("data", "featurize", tmp_path / "train.csv", "--out", tmp_path / "train",
+                  "--numeric", "price,year", "--multi-hot", "tags", "--sequence", "hist",
+                  "--min-count", 1, "--numeric-transform", "none")
+    ctrtrain_here("train", "--train", tmp_path / "train", "--model-dir", tmp_path / "m",
+                  "--epochs", 1, "--batch-size", 2, "--quiet")
+    bad = tmp_path / "bad.csv"
+    bad.write_text(TEST.replace(",1e-3,", ",1e300,"))
+    code, _, err = cli("predict", "--model", tmp_path / "m" / "export", "--input", bad,
+                       "--out", tmp_path / "p.csv")
+    assert code == 2 and f"{bad}, line 4, field price: '1e300' is too large for " \
+        "--numeric-transform none" in err, err
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.csv.tmp").exists()
+    ctrtrain_here("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "train.csv",
+                  "--out", tmp_path / "p.csv")
+    assert len((tmp_path / "p.csv").read_text().splitlines()) == 1 + 6

@@ -55,6 +55,7 @@ class RawChunk:
     numeric: np.ndarray           # float64 [n, n_numeric], NaN = missing
     categorical: np.ndarray       # object [n, n_categorical] of str, '' = missing
     lists: np.ndarray | None = None   # object [n, schema.lists] of str, as in the file
+    cells: dict | None = None     # read_raw(keep_cells=True): each field's cells [n], as in the file
 
 
 LABEL_NAMES = ("label", "click")
@@ -120,16 +121,18 @@ def _cols(header: list[str]) -> str:
 def read_raw(path: str, fmt: str, schema: RawSchema | None = None, chunk_rows: int = 200_000,
              has_label: bool = True, label_column: str | None = None,
              roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None,
-             warn_cut: bool = True):
+             warn_cut: bool = True, keep_cells: bool = False):
     """Yields (schema, RawChunk) for a raw file (gzip, bzip2 or xz compressed too: open_raw).
     Criteo TSV rows may have fewer columns than 40 (trailing empty fields stripped): the
     missing ones are missing values, not an error. `label_threshold`: the label column is a
     score (a rating); at least this is a click. `warn_cut`: once the file is read through,
     warn if its last line looks cut (_LineEnds); a caller that reads a file twice (featurize:
-    the vocabulary, then the rows) asks it of one pass only, so the warning comes once."""
+    the vocabulary, then the rows) asks it of one pass only, so the warning comes once.
+    `keep_cells`: each chunk also holds every field's cells as the file has them (`cells`),
+    for the model's own transform of them (predict's raw rows)."""
     try:
         yield from _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles,
-                             label_threshold, warn_cut)
+                             label_threshold, warn_cut, keep_cells)
     except pd.errors.EmptyDataError:
         raise DataError("file is empty (no header, no rows)", path=path) from None
     except UnicodeDecodeError as e:
@@ -231,7 +234,7 @@ def read_header(path: str) -> list[str]:
 
 
 def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles, label_threshold,
-              warn_cut):
+              warn_cut, keep_cells):
     if fmt == "criteo":
         schema = schema or CRITEO
         names = ([schema.label] if has_label else []) + schema.fields
@@ -267,8 +270,11 @@ def _read_raw(path, fmt, schema, chunk_rows, has_label, label_column, roles, lab
         try:
             with reader:
                 for frame in reader:
-                    yield schema, _to_chunk(frame.fillna(""), schema, path, line, has_label,
-                                            label_threshold)
+                    frame = frame.fillna("")
+                    chunk = _to_chunk(frame, schema, path, line, has_label, label_threshold)
+                    if keep_cells:
+                        chunk.cells = {c: frame[c].to_numpy(object) for c in schema.fields}
+                    yield schema, chunk
                     line += len(frame)
         except pd.errors.ParserError as e:
             raise DataError(f"malformed row: {e}", path=path) from e

@@ -84,13 +84,21 @@ class _Serving(tf.Module):
             from ..input.pipeline import fields_batch
             self.raw_graph = RawGraph(vocab)
 
-            @tf.function(input_signature=[{c: tf.TensorSpec([None], tf.string, name=c)
-                                           for c in self.raw_graph.columns}], autograph=False)
-            def serve_raw(cells):
+            cells_spec = [{c: tf.TensorSpec([None], tf.string, name=c)
+                           for c in self.raw_graph.columns}]
+
+            @tf.function(input_signature=cells_spec, autograph=False)
+            def raw_features(cells):
+                """serving_default's inputs of raw cells: `ctrtrain predict` and `evaluate`
+                read raw rows through it (train/predict.py), the raw signature serves it."""
                 if schema is None:
-                    return scored(self.raw_graph.fixed(cells))
-                return scored(fields_batch(self.raw_graph.parsed(cells), schema,
-                                           with_label=False))
+                    return self.raw_graph.fixed(cells)
+                return fields_batch(self.raw_graph.parsed(cells), schema, with_label=False)
+            self.raw_features = raw_features
+
+            @tf.function(input_signature=cells_spec, autograph=False)
+            def serve_raw(cells):
+                return scored(raw_features(cells))
             self.serve_raw = serve_raw
 
 

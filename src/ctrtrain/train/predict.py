@@ -1,6 +1,8 @@
 """Batch inference (the SageMaker Batch Transform job): a SavedModel over TFRecord, libsvm,
-libffm or raw Criteo/CSV rows (through the vocabulary saved with the model), one output row per input
-row, in input order."""
+libffm or raw Criteo/CSV rows, one output row per input row, in input order. Raw rows go
+through the export's own transform (export.py raw_features, the `raw` signature's graph), so
+predict scores what a served model scores; --vocab (another vocabulary) or an export without
+that graph reads them through featurize instead."""
 
 from __future__ import annotations
 
@@ -42,9 +44,11 @@ def vocabulary_path(export_dir: str, vocab: str | None) -> str:
 
 
 def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, vocab: str | None,
-            has_label: bool, batch: int):
+            has_label: bool, batch: int, raw_features=None):
     """Yields (labels or None, features) blocks in input order: features as the serving
-    signature takes them (ids, values; with declared fields numeric, bag_ids, bag_weights)."""
+    signature takes them (ids, values; with declared fields numeric, bag_ids, bag_weights).
+    `raw_features`: the export's own transform of raw cells (the `raw` signature's), which
+    raw rows go through unless --vocab names another vocabulary."""
     input_format = resolve_format(inputs, input_format)
     if input_format == "libffm":
         yield from _libffm_blocks(inputs, info, batch)
@@ -101,6 +105,9 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
     if v.declared and v.fields().to_json() != info.get("fields"):
         raise DataError("the vocabulary declares other fields than the model was trained on",
                         path=vocab_path)
+    if raw_features is not None and vocab is None:
+        yield from _raw_blocks(inputs, v, raw_features, has_label, batch)
+        return
     for f in inputs:
         for rows in featurize_file(f, v, has_label=has_label):
             for a in range(0, len(rows), batch):
@@ -118,6 +125,39 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
                 part = rows.slice(a, a + batch)
                 parsed = parse_fields_batch(tf.constant(encode_field_examples(part, fields)), fields)
                 yield labels, {k: t.numpy() for k, t in parsed.items() if k != "label"}
+
+
+def _raw_blocks(inputs: list[str], vocab, raw_features, has_label: bool, batch: int):
+    """Raw rows through the model's own transform (export.py raw_features: featurize's, in
+    the SavedModel's graph), the path a served model's rows take. The file is read as
+    featurize reads it (labels by its rule, a cell it refuses named by file and line); a cell
+    the graph refuses ("column C: record N holds ...") is named the same way."""
+    import re
+
+    import tensorflow as tf
+
+    from ..data.raw import read_raw, sniff_format
+    for f in inputs:
+        for _, chunk in read_raw(f, sniff_format(f), vocab.schema, has_label=has_label,
+                                 label_threshold=vocab.label_threshold, keep_cells=True):
+            n = len(chunk.numeric)
+            for a in range(0, n, batch):
+                cells = {c: tf.constant(v[a:a + batch].astype(str))
+                         for c, v in chunk.cells.items()}
+                try:
+                    features = raw_features(cells)
+                except tf.errors.InvalidArgumentError as e:
+                    # The graph's Assert: [ctrtrain: column C: record N holds ["cell"]<why>]
+                    found = re.search(r'ctrtrain: column (.+?): record (\d+) holds '
+                                      r'\[\\?"(.*?)\\?"\],? (.*)\]$', str(e), re.M)
+                    if not found:
+                        raise
+                    why = found[4].strip().removeprefix("which ")
+                    raise DataError(f"{found[3]!r} {why if why.startswith('is ') else 'is ' + why}",
+                                    path=f, line=chunk.first_line + a + int(found[2]),
+                                    field=found[1]) from None
+                labels = chunk.labels[a:a + batch] if has_label else None
+                yield labels, {k: t.numpy() for k, t in features.items()}
 
 
 def raw_header(path: str, vocab) -> list[str]:
@@ -176,9 +216,10 @@ def _libffm_blocks(inputs: list[str], info: dict, batch: int):
 
 
 def load_serving(export_dir: str):
-    """The export's record (assets.extra) and serving function. A damaged export (a file cut
-    short, an empty saved_model.pb) or an unreadable one is refused naming it and what is wrong,
-    not a traceback; an unreadable file TensorFlow names in its message."""
+    """The export's record (assets.extra), serving function and its transform of raw cells
+    (None if it has none). A damaged export (a file cut short, an empty saved_model.pb) or an
+    unreadable one is refused naming it and what is wrong, not a traceback; an unreadable file
+    TensorFlow names in its message."""
     import tensorflow as tf
     from google.protobuf.message import DecodeError
     record = Path(export_dir) / EXTRA / INFO
@@ -187,14 +228,15 @@ def load_serving(export_dir: str):
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"the export's record is damaged ({e})", path=str(record)) from None
     try:
-        serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+        loaded = tf.saved_model.load(export_dir)
+        serve = loaded.signatures["serving_default"]
     except (tf.errors.OpError, ValueError, IndexError, KeyError, DecodeError) as e:
         reason = first_line(e)
         if "0 MetaGraphs" in reason:
             reason = "saved_model.pb holds no model (empty or cut short)"
         raise DataError(f"not a usable SavedModel, damaged or unreadable: {reason}",
                         path=str(export_dir)) from None
-    return info, serve
+    return info, serve, getattr(loaded, "raw_features", None)
 
 
 def check_inputs(inputs) -> list[str]:
@@ -217,7 +259,7 @@ class Scorer:
                  vocab: str | None = None, has_label: bool = True, batch: int = 4096):
         self.inputs = check_inputs(inputs)
         self.export_dir = latest_export(model_path)
-        self.info, self.serve = load_serving(self.export_dir)
+        self.info, self.serve, self.raw_features = load_serving(self.export_dir)
         self.input_format, self.vocab = input_format, vocab
         self.has_label, self.batch = has_label, batch
 
@@ -228,7 +270,8 @@ class Scorer:
         import tensorflow as tf
         done = 0
         for labels, features in _blocks(self.inputs, self.info, self.export_dir,
-                                        self.input_format, self.vocab, self.has_label, self.batch):
+                                        self.input_format, self.vocab, self.has_label, self.batch,
+                                        self.raw_features):
             try:
                 probs = self.serve(**{k: tf.constant(v) for k, v in features.items()})["prob"]
             except tf.errors.InvalidArgumentError as e:
