@@ -137,6 +137,7 @@ def test_tune_writes_settings_that_training_uses(tmp_path, monkeypatch):
     from ctrtrain.train.config import table_scale
     assert table_scale(102_400) == {"batch_size": s["batch_size"], "embedding_size": 16}
     assert table_scale(102_399) == {"batch_size": 256, "embedding_size": 4}
+    assert table_scale(100) == {"batch_size": 100, "embedding_size": 4}   # one batch of all
 
 
 def deepctr_python() -> str | None:

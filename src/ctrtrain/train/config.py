@@ -521,9 +521,10 @@ def table_scale(records: int) -> dict:
     """What batch_size and embedding_size `auto` are for a training split of `records`
     (0: unknown, a stream). A large one's batch is the one `ctrtrain tune` measured fastest
     on this host where it ran: tune measures speed, which is what a large table is bound by;
-    a small one's is chosen for its AUC."""
+    a small one's is chosen for its AUC. A table smaller than the small batch trains in one
+    batch of all its records (as DeepCTR's fit does), not a refusal."""
     if 0 < records < AUTO_SMALL_RECORDS:
-        return AUTO_SMALL
+        return {**AUTO_SMALL, "batch_size": min(AUTO_SMALL["batch_size"], records)}
     from .tuned import tuned_settings
     return {**AUTO_LARGE, **{k: v for k, v in tuned_settings().items() if k == "batch_size"}}
 
