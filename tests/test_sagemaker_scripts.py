@@ -492,6 +492,21 @@ def test_an_image_that_cannot_be_had_is_refused_at_launch(tmp_path, image_cache,
 
 
 @pytest.mark.slow
+def test_a_requirement_pinning_a_package_the_image_holds_replaces_it_in_the_hosts_layer(
+        tmp_path, kept_image_cache):
+    """requirements.txt pins protobuf 3.20.2 where the 2.14 image holds 3.20.3: pip
+    uninstalls the image's copy and installs the pin, in the host's writable layer (an
+    overlay over the image, mounted with userxattr: without it pip failed with EIO on the
+    old package's __pycache__). The image itself keeps its own."""
+    job = sm_job(tmp_path, "pinned_requirement", framework_version="2.14", instance_count=1)
+    run_cli("launch", job, env=kept_image_cache, timeout=1800)
+    assert json.loads((tmp_path / "run" / "model" / "protobuf.json").read_text()) == \
+        {"version": "3.20.2"}
+    image = Path(kept_image_cache["CTRTRAIN_CACHE"]) / "images" / "tensorflow-2.14-py311"
+    assert len(list(image.glob("lib/python3.11/site-packages/protobuf-3.20.3.dist-info"))) == 1
+
+
+@pytest.mark.slow
 def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path, kept_image_cache):
     """The deep-learning containers' own Pipe-mode test, as a user would write it: an
     Estimator trains on PipeModeDataset.repeat(3), checks that the FIFO after those it read

@@ -210,8 +210,15 @@ def _setup(cfg: dict) -> None:
         work = os.path.join(scratch, "layers", f"{i}-work")
         os.makedirs(upper, exist_ok=True)
         os.makedirs(work, exist_ok=True)
-        _mount("overlay", image, "overlay", 0,
-               f"lowerdir={image},upperdir={upper},workdir={work}")
+        layer = f"lowerdir={image},upperdir={upper},workdir={work}"
+        # userxattr: in a user namespace overlayfs keeps its own marks (a file deleted from
+        # the image, an opaque directory) in user.* attributes; without it, pip replacing a
+        # package the image holds (requirements.txt pinning protobuf) fails with EIO on the
+        # old package's __pycache__. Kernels before 5.11 lack the option: mounted as before.
+        try:
+            _mount("overlay", image, "overlay", 0, layer + ",userxattr")
+        except ContainerError:
+            _mount("overlay", image, "overlay", 0, layer)
     hosts = os.path.join(scratch, "hosts")
     with open(hosts, "w") as f:
         f.write(cfg["hosts_file"])
