@@ -110,7 +110,7 @@ def test_hard_coded_opt_ml_paths_sub_folder_channels_and_private_tmp(tmp_path):
     # /opt/ml/checkpoints of every host is one directory, synced to the run's.
     assert sorted(os.listdir(run / "checkpoints")) == ["algo-1.ckpt", "algo-2.ckpt"]
     with tarfile.open(run / "model.tar.gz") as t:
-        assert t.getnames() == ["algo-1.json"]             # the master host's /opt/ml/model
+        assert t.getnames() == ["algo-1.json", "algo-2.json"]   # every host's /opt/ml/model
     assert machine_opt_ml() == before                      # the machine's /opt/ml untouched
 
 
@@ -587,11 +587,22 @@ def test_horovod_two_hosts_two_processes_have_per_host_local_ranks(tmp_path):
 @pytest.mark.slow
 def test_mpi_distribution_two_hosts_two_processes(tmp_path):
     """SageMaker's `mpi` distribution in the 2.15 image: one Horovod world over both hosts,
-    processes_per_host ranks on each with their local ranks, custom_mpi_options' exports."""
+    processes_per_host ranks on each with their local ranks, custom_mpi_options' exports.
+    model.tar.gz holds every host's /opt/ml/model (each rank's file); a name both hosts
+    wrote is the master's, and the job says so."""
+    import tarfile
     job = sm_job(tmp_path, "horovod_ranks", framework_version="2.15",
                  distribution={"mpi": {"enabled": True, "processes_per_host": 2,
                                        "custom_mpi_options": "-x MY_FLAG=on --NCCL_DEBUG WARN"}})
-    run_cli("launch", job)
+    r = run_cli("launch", job)
+    with tarfile.open(tmp_path / "run" / "model.tar.gz") as tar:
+        packed = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()
+                  if m.name != "ranks.json"}
+    assert packed == {"rank-0": "algo-1", "rank-1": "algo-1", "rank-2": "algo-2",
+                      "rank-3": "algo-2", "host": "algo-1"}
+    said = "algo-2 wrote /opt/ml/model/host too: model.tar.gz holds algo-1's"
+    assert json.loads((tmp_path / "run" / "job.json").read_text())["warnings"] == [said]
+    assert f"warning: {said}" in r.stdout
     ranks = json.loads((tmp_path / "run" / "model" / "ranks.json").read_text())
     assert [(x["rank"], x["host"], x["local_rank"], x["local_size"], x["cross_rank"])
             for x in ranks] == [(0, "algo-1", 0, 2, 0), (1, "algo-1", 1, 2, 0),

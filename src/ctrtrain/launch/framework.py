@@ -159,14 +159,11 @@ def start_mpi(spec, sup, image, mpi_hosts, boxes, hyperparameters, channel_modes
               cwd=str(run_dir), server=False)
 
 
-def model_host(spec: JobSpec, run_dir: Path, hosts: list[str]) -> str:
-    """Whose /opt/ml/model becomes model.tar.gz: the toolkit's master (the first host of the
-    distribution's groups, else the first host) -- or, when it wrote nothing there, the
-    first host that did (in a heterogeneous job the data hosts save no model)."""
+def model_hosts(spec: JobSpec, hosts: list[str]) -> list[str]:
+    """Whose /opt/ml/model go into model.tar.gz, in the order a file name two of them wrote
+    is settled (the first keeps it): every host, the toolkit's master first (the first host
+    of the distribution's groups, else the first host)."""
     groups = spec.framework_params.get("sagemaker_distribution_instance_groups")
     named = [h for h, g in spec.topology.host_names() if groups is None or g in groups]
     master = named[0] if named else hosts[0]
-    for h in [master] + hosts:
-        if any((host_base(run_dir, h) / "model").iterdir()):
-            return h
-    return master
+    return [master] + [h for h in hosts if h != master]

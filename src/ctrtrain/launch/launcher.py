@@ -26,7 +26,7 @@ from ..mode import Mode
 from .channels import (PipeFeeder, assign, channel_files, check_pipe_files,
                        materialize_file_channel)
 from .container import HostContainer, bridge_address, make_bridge
-from .framework import SHARED, model_dir_hyperparameter, model_host, start_framework_hosts
+from .framework import SHARED, model_dir_hyperparameter, model_hosts, start_framework_hosts
 from .horovod import horovod_command, horovodrun, rank_places
 from .images import find_image, own_image
 from .run_dir import (JobFailed, claim_run_dir, collect_model, failure_files, host_base,
@@ -323,14 +323,18 @@ def _report(spec, run_dir, hosts, procs, image, outcome, seconds, warnings) -> d
               f"({run_dir / 'job.json'})", flush=True)
         return summary
     if outcome.ok:
-        master = model_host(spec, run_dir, hosts) if framework else \
-            next(p for p in procs if p.is_chief).host
-        summary["model"], summary["model_files"] = collect_model(
-            host_base(run_dir, master) / "model", run_dir)
+        # A SageMaker script's job packs every host's model directory (the master's first);
+        # ctrtrain's own trainers save the model on the chief's host only.
+        packed = model_hosts(spec, hosts) if framework else \
+            [next(p for p in procs if p.is_chief).host]
+        summary["model"], summary["model_files"], clashes = collect_model(
+            [(h, host_base(run_dir, h) / "model") for h in packed], run_dir)
         if not summary["model_files"]:
-            summary["warnings"].append(f"{master} wrote nothing into /opt/ml/model: "
-                                       "model.tar.gz is empty")
-            print(f"warning: {summary['warnings'][-1]}", flush=True)
+            who = f"{packed[0]} wrote" if len(packed) == 1 else "no host wrote"
+            clashes.append(f"{who} nothing into /opt/ml/model: model.tar.gz is empty")
+        summary["warnings"] += clashes
+        for line in clashes:
+            print(f"warning: {line}", flush=True)
     else:
         write_failure(run_dir, hosts, outcome)
         summary["failure"] = failure_files(run_dir, hosts)

@@ -148,15 +148,33 @@ def write_failure(run_dir: Path, hosts: list[str], outcome) -> None:
             f.write_text("\n".join([outcome.reason, *outcome.tail]) + "\n")
 
 
-def collect_model(model_dir: Path, run_dir: Path) -> tuple[str, list[str]]:
-    """The master host's /opt/ml/model becomes the job's output, like SageMaker's
-    model.tar.gz step: (the copy's path, the files it holds)."""
+def collect_model(model_dirs: list[tuple[str, Path]], run_dir: Path
+                  ) -> tuple[str, list[str], list[str]]:
+    """The hosts' /opt/ml/model, merged, become the job's output, like SageMaker's
+    model.tar.gz step (every host's files: a Horovod script whose ranks each save a file
+    finds them all). `model_dirs`: (host, its model directory), the master first; a file
+    name two hosts wrote is the first one's (the master's). Returns (the merged copy's path,
+    the files it holds, a line per file another host's copy of was left out)."""
     out = run_dir / "model"
     if out.exists():
         shutil.rmtree(out)
-    shutil.copytree(model_dir, out, symlinks=False)
+    out.mkdir()
+    owner, clashes = {}, []
+    for host, model_dir in model_dirs:
+        for src in sorted(model_dir.rglob("*")):
+            rel = src.relative_to(model_dir)
+            dst = out / rel
+            if src.is_dir() and not src.is_symlink():
+                dst.mkdir(exist_ok=True)
+            elif str(rel) in owner or dst.exists():
+                clashes.append(f"{host} wrote /opt/ml/model/{rel} too: model.tar.gz holds "
+                               f"{owner.get(str(rel), 'another host')}'s")
+            elif src.exists():      # a dangling link is nothing to pack
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+                owner[str(rel)] = host
     with tarfile.open(run_dir / "model.tar.gz", "w:gz") as tar:
         for item in sorted(out.iterdir()):
             tar.add(item, arcname=item.name)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    return str(out), files
+    return str(out), files, clashes

@@ -23,6 +23,15 @@ me = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
       "env": {k: os.environ.get(k) for k in ("OMPI_COMM_WORLD_LOCAL_RANK", "SM_CURRENT_HOST",
                                              "NCCL_DEBUG", "MY_FLAG", "SM_FRAMEWORK_PARAMS")}}
 everyone = hvd.allgather_object(me)
+# As the training toolkit's own hvdbasic test: every rank saves a file of its own (all of them
+# are in model.tar.gz), and each host's first rank one of the same name on every host.
+model_dir = os.environ.get("SM_MODEL_DIR", "")
+if model_dir:
+    with open(os.path.join(model_dir, f"rank-{hvd.rank()}"), "w") as f:
+        f.write(socket.gethostname())
+    if hvd.local_rank() == 0:
+        with open(os.path.join(model_dir, "host"), "w") as f:
+            f.write(socket.gethostname())
 if hvd.rank() == 0:
     with open(os.path.join(os.environ["SM_MODEL_DIR"], "ranks.json"), "w") as f:
         json.dump(everyone, f)
