@@ -762,10 +762,98 @@ def test_an_empty_or_binary_text_input_is_named_as_such(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.fixture(scope="module")
+def csv_model(tmp_path_factory):
+    """A model trained on a small featurized CSV, its vocabulary in the export (predict reads
+    raw rows through it), and the CSV's test rows (test.csv)."""
+    d = tmp_path_factory.mktemp("csv")
+    rng = np.random.default_rng(0)
+    rows = ["label,price,city"] + [f"{int(rng.random() < 0.3)},{rng.random() * 10:.2f},c{i % 5}"
+                                   for i in range(300)]
+    (d / "train.csv").write_text("\n".join(rows[:201]) + "\n")
+    (d / "test.csv").write_text("\n".join([rows[0]] + rows[201:]) + "\n")
+    for args in (["data", "featurize", d / "train.csv", "--out", d / "train", "--numeric",
+                  "price", "--min-count", 1],
+                 ["train", "--train", d / "train", "--model-dir", d / "m", "--steps", 3,
+                  "--batch-size", 32, "--quiet"]):
+        code, _, err = cli(*args)
+        assert code == 0, err
+    return d
+
+
+def compressed(src: Path, dst: Path) -> Path:
+    """src's bytes compressed as dst's extension says (.gz, .bz2, .xz), as gzip(1) &c. write."""
+    import bz2
+    import gzip
+    import lzma
+    module = {".gz": gzip, ".bz2": bz2, ".xz": lzma}[dst.suffix]
+    dst.write_bytes(module.compress(src.read_bytes()))
+    return dst
+
+
+def test_compressed_inputs_are_told_by_what_they_hold(tmp_path, data, model, csv_model):
+    """Any gzip file was taken for a gzipped TFRecord: `predict` of a `test.csv.gz` failed
+    ("record 0: file is truncated or corrupted"), `data index` of a `.libsvm.gz` ended in a
+    TensorFlow traceback. The decompressed bytes are sniffed: compressed CSV is predicted as
+    its text is; compressed libsvm (read as plain text) and a TFRecord compressed other than
+    by gzip are refused naming the file and what it holds; a gzipped TFRecord still reads."""
+    d = csv_model
+    code, _, err = cli("predict", "--model", d / "m" / "export", "--input", d / "test.csv", "--out",
+                       tmp_path / "plain.csv")
+    assert code == 0, err
+    for ext in (".gz", ".bz2", ".xz"):
+        src = compressed(d / "test.csv", tmp_path / f"test.csv{ext}")
+        code, _, err = cli("predict", "--model", d / "m" / "export", "--input", src, "--out",
+                           tmp_path / f"p{ext}.csv")
+        assert code == 0, err
+        assert (tmp_path / f"p{ext}.csv").read_text() == (tmp_path / "plain.csv").read_text()
+
+    libsvm = sorted((data / "raw" / "test").glob("*.libsvm"))[0]
+    (tmp_path / "svm").mkdir()
+    gz = compressed(libsvm, tmp_path / "svm" / "test.libsvm.gz")
+    said = f"{gz}: a gzip-compressed libsvm file: decompress it first"
+    refused("predict", "--model", model / "export", "--input", gz, "--out", tmp_path / "q.csv",
+            match=said)
+    refused("data", "index", tmp_path / "svm", match=said)
+    refused("train", "--train", gz, "--model-dir", tmp_path / "m", "--steps", 1, match=said)
+    assert not (tmp_path / "q.csv").exists() and not (tmp_path / "m").exists()
+    assert sorted(os.listdir(tmp_path / "svm")) == ["test.libsvm.gz"]
+
+    shard = sorted((data / "tf" / "test").glob("*.tfrecord"))[0]
+    for ext, said in ((".xz", "an xz-compressed TFRecord file: TFRecords are read plain or "
+                              "gzip-compressed"), (".gz", None)):
+        (tmp_path / ext).mkdir()
+        tf = compressed(shard, tmp_path / ext / f"{shard.name}{ext}")
+        if said:
+            refused("data", "index", tf.parent, match=f"{tf}: {said}")
+            continue
+        code, _, err = cli("data", "index", tf.parent)
+        assert code == 0, err
+        m = json.loads((tf.parent / "manifest.json").read_text())
+        assert (m["format"], m["compression"]) == ("tfrecord", "gzip")
+
+
+def test_predict_on_input_without_rows_is_refused(tmp_path, csv_model):
+    """`predict` on a CSV of its header line only, or on an empty `.csv.gz`, wrote a file of
+    no predictions and exited 0: refused naming the file, nothing written."""
+    import gzip
+    header = tmp_path / "header.csv"
+    header.write_text((csv_model / "test.csv").read_text().splitlines()[0] + "\n")
+    empty = tmp_path / "empty.csv.gz"
+    empty.write_bytes(gzip.compress(b""))
+    for src, said in ((header, "holds no rows"),
+                      (compressed(header, tmp_path / "header.csv.gz"), "holds no rows"),
+                      (empty, "file is empty (no header, no rows)")):
+        refused("predict", "--model", csv_model / "m" / "export", "--input", src, "--out",
+                tmp_path / "p.csv", match=f"{src}: {said}")
+        assert not (tmp_path / "p.csv").exists()
+
+
 def test_resume_refuses_an_edited_field_declaration(tmp_path):
     """F33: a manifest's declaration edited between runs (pooling, max_len, sequence to
     multi_hot) resumed and exported a model that predict and --valid then refuse: the same
-    files read into another model. Refused on resume, naming the field and both forms."""
+    files read into another model. Refused on resume, naming the field and both forms; a
+    field removed or the fields reordered said "field ? as nothing": said in plain words."""
     tagged_rows(tmp_path / "f", 200, "--sequence")
     base = ["train", "--train", tmp_path / "f", "--model-dir", tmp_path / "m", "--quiet",
             "--batch-size", 32, "--checkpoint-every", 2, "--no-export"]
@@ -773,10 +861,21 @@ def test_resume_refuses_an_edited_field_declaration(tmp_path):
     assert code == 0, err
     path = tmp_path / "f" / "manifest.json"
     m = json.loads(path.read_text())
-    for edit in ({"kind": "multi_hot", "pooling": "sum"}, {"pooling": "sum"}, {"max_len": 9}):
+    was = "field tags was declared sequence (max_len 2, pooling mean) at the checkpoint, now"
+    for edit, now in (({"kind": "multi_hot", "pooling": "sum", "weighted": False},
+                       "multi_hot (max_len 2, pooling sum, weighted false)"),
+                      ({"pooling": "sum"}, "sequence (max_len 2, pooling sum)"),
+                      ({"max_len": 9}, "sequence (max_len 9, pooling mean)")):
         fields = [dict(f, **edit) if f["name"] == "tags" else f for f in m["fields"]]
         path.write_text(json.dumps({**m, "fields": fields}))
-        refused(*base, "--steps", 8, match="declared field tags as kind=sequence")
+        refused(*base, "--steps", 8, match=f"{was} {now}.")
+    user, tags = m["fields"]
+    for fields, said in (([tags], "field user is no longer declared"),
+                         ([tags, user], "the fields are declared in another order: user, tags "
+                                        "at the checkpoint, now tags, user")):
+        path.write_text(json.dumps({**m, "fields": fields, "field_size": len(fields)}))
+        err = refused(*base, "--steps", 8, match=f"declared other fields: {said}.")
+        assert "?" not in err and "nothing" not in err, err
     path.write_text(json.dumps(m))
     code, out, err = cli(*base, "--steps", 8)
     assert code == 0 and "resuming from the checkpoint at step 4" in out, (out, err)

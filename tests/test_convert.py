@@ -136,3 +136,21 @@ def test_a_libffm_file_of_blank_lines_has_no_rows(tmp_path):
     assert code == 2 and f"{blank}: holds only blank lines: no rows to convert" in err, err
     assert "--field-size" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_libffm_file_opening_with_a_blank_line_is_sniffed_as_libffm(tmp_path):
+    """A libffm file whose first line is blank was sniffed as libsvm (only the first line was
+    looked at): asked for --field-size, and `data index` said its first line held no id:value
+    pair. Blank lines are skipped when sniffing: the blank line is a bad row like any other
+    (named, or skipped with --max-bad-rows) and the rest converts as libffm."""
+    ffm = tmp_path / "day.ffm"
+    ffm.write_text("\n1 0:1:1 1:5:1\n0 0:2:1 1:6:1\n")
+    code, _, err = cli("data", "convert", ffm, "--out", tmp_path / "o")
+    assert code == 2 and f"{ffm}, line 1: empty line" in err and "--field-size" not in err, err
+    assert not (tmp_path / "o").exists()
+    code, _, err = cli("data", "index", ffm)
+    assert code == 2 and f"{ffm}: is libffm text" in err, err
+    code, out, err = cli("data", "convert", ffm, "--out", tmp_path / "o", "--max-bad-rows", 1)
+    assert code == 0, err
+    m = read_manifest(tmp_path / "o")
+    assert m.records == 2 and [f["name"] for f in m.fields] == ["f0", "f1"]

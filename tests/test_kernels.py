@@ -615,3 +615,26 @@ def test_a_damaged_or_foreign_library_is_not_loaded(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         assert "is not the file the build wrote" in r.stdout and "available False" in r.stdout
         assert r.stdout.strip().endswith("8.0")
+
+
+def test_a_cut_library_whose_checksum_was_recomputed_is_not_loaded(tmp_path):
+    """A library cut short whose recorded checksum was then recomputed from the cut file (a
+    careless copy, or on purpose) passed the checksum and crashed the process at load (Bus
+    error). The file is checked to be a whole ELF library first: said, and TensorFlow's ops
+    run. A cut of two thirds, and of the last byte only (the section headers), alike."""
+    from ctrtrain.kernels.build import checksum_path, library_path, sha256
+    real = library_path()
+    cut = tmp_path / real.name
+    probe = ("from ctrtrain import kernels; import tensorflow as tf; "
+             "print('available', kernels.available()); "
+             "print(float(tf.reduce_sum(tf.unique(tf.constant([3, 3, 5], tf.int64)).y)))")
+    size = real.stat().st_size
+    for keep in (size // 3, size - 1):
+        cut.write_bytes(real.read_bytes()[:keep])
+        checksum_path(cut).write_text(sha256(cut) + "\n")
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           env={**os.environ, "CTRTRAIN_KERNELS_DIR": str(tmp_path)}, timeout=120)
+        assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+        assert f"{cut} is not the file the build wrote (it is cut short: the file ends at " \
+               f"byte {keep:,}" in r.stdout and "available False" in r.stdout, r.stdout
+        assert r.stdout.strip().endswith("8.0")

@@ -4,6 +4,7 @@ with real signals."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,25 @@ def test_run_directory_must_be_new_empty_or_this_jobs_and_is_locked(tmp_path):
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=60)
     assert alive(tmp_path / "run3")[1] == []
+
+
+def test_a_symlink_where_the_run_replaces_a_directory_is_refused_by_name(tmp_path):
+    """A re-launch replaces its run's `model/`; a symbolic link there (say, to move the model
+    to another disk) was refused by shutil.rmtree as "I/O: Cannot call rmtree on a symbolic
+    link", naming no path. Refused naming the link; the link and its target left as they are."""
+    spec = script_job(tmp_path, "print('ok')\n")
+    run_cli("launch", spec)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_text("the user's")
+    model = tmp_path / "run" / "model"
+    shutil.rmtree(model)
+    os.symlink(elsewhere, model)
+    r = run_cli("launch", spec, check=False)
+    assert r.returncode == 2, r.stderr
+    assert f"{model}: is a symbolic link where a directory of ctrtrain's own belongs" \
+        in r.stderr, r.stderr
+    assert model.is_symlink() and (elsewhere / "notes.txt").read_text() == "the user's"
 
 
 # --- healthy work is not killed, stuck work is --------------------------------------------
@@ -376,6 +396,27 @@ def test_retries_stop_where_another_attempt_cannot_pass(tmp_path):
         job = json.loads((out / "job.json").read_text())
         assert len(job["attempts"]) == 1 and (out / "attempts.txt").read_text() == "1"
         assert job["attempts"][0]["not_retried"] == "another attempt cannot get past this failure"
+
+
+def test_a_time_limit_that_ends_in_the_wait_to_retry_starts_no_attempt(tmp_path):
+    """A process killed 2 s into a job of time_limit 4: the time limit ran out during the
+    2 s wait to retry, yet a second attempt was recorded (it failed at once on the limit,
+    having run nothing). No attempt is started or recorded; job.json says the time limit
+    ended the job. (Killed at 2 s or later, at most 2 s are left: the wait's length.)"""
+    run = tmp_path / "run"
+    body = (f"import os, signal, time\nfrom pathlib import Path\n"
+            f"count = Path({str(run / 'attempts.txt')!r})\n"
+            f"count.write_text(str(int(count.read_text()) + 1 if count.exists() else 1))\n"
+            f"time.sleep(2)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    spec = script_job(tmp_path, body, time_limit=4, max_retry_attempts=3)
+    r = run_cli("launch", spec, check=False)
+    said = "time limit of 4 s reached (over all attempts) while waiting to retry"
+    assert r.returncode == 2 and f"{said}: attempt 1 failed" in r.stderr, r.stderr[-2000:]
+    job = json.loads((run / "job.json").read_text())
+    assert (job["state"], job["reason"]) == ("failed", said), job
+    assert len(job["attempts"]) == 1 and "exited with status -9" in job["attempts"][0]["cause"]
+    assert "time limit (4 s) ends before another attempt" in job["attempts"][0]["not_retried"]
+    assert (run / "attempts.txt").read_text() == "1"
 
 
 def test_launch_max_retry_attempts_overrides_the_spec(tmp_path):

@@ -28,14 +28,12 @@ from .libffm import (
     FieldStats,
     check_declaration,
     is_libffm,
-    is_libffm_line,
     parse_libffm,
     to_field_rows,
 )
 from .libsvm import BadRow, format_libsvm, parse_libsvm
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
 from .parallel import run_tasks
-from .raw import UNDECOMPRESSED, undecompressed_error, open_raw
 from .schema import FieldRows
 from .tfrecord import SUFFIX, ShardWriter
 
@@ -355,30 +353,13 @@ def tfrecord_to_libsvm(data_dir, out_dir, *, processes: int | None = None,
     return manifest
 
 
-# The stream types open_raw decompresses with, by name, as a refusal names them.
-_DECOMPRESSED = {"GzipFile": "a gzip", "BZ2File": "a bzip2", "LZMAFile": "an xz"}
-
-
 def refuse_compressed_text(path: str) -> None:
     """A gzip, bzip2 or xz file holding text (`train.ffm.gz`, `train.libsvm.bz2`) is refused,
-    naming it: the converter reads plain text only (its workers seek to lines' byte offsets,
-    which a compressed stream has not), and detect_format, told only the first bytes, calls
-    any gzip file a TFRecord. A compressed file holding no text (a gzipped TFRecord) is left
-    to the checks that follow."""
-    try:
-        f = open_raw(path)
-    except DataError:          # a zip or zstd archive: check_text names it as not text
-        return
-    with f:
-        kind = _DECOMPRESSED.get(type(f).__name__)
-        if kind is None:
-            return
-        try:
-            head = f.read(1 << 16)
-        except UNDECOMPRESSED as e:
-            raise undecompressed_error(e, path) from None
-    if b"\0" in head:          # a TFRecord's length prefix holds NULs
-        return
-    fmt = "libffm" if is_libffm_line(head.split(b"\n", 1)[0]) else "libsvm"
-    raise DataError(f"{kind}-compressed {fmt} file: decompress it first (libsvm and libffm "
-                    "input is read as plain text)", path=path)
+    naming it (index.compressed_error): the converter reads plain text only (its workers seek
+    to lines' byte offsets, which a compressed stream has not). A compressed file holding no
+    text (a gzipped TFRecord) is left to the checks that follow; a zip or zstd archive is
+    named as one (open_raw)."""
+    from .index import compressed_error, sniff
+    fmt, comp, head = sniff(path)
+    if comp is not None and b"\0" not in head:    # a TFRecord's length prefix holds NULs
+        raise compressed_error(path, fmt, comp, head)

@@ -194,6 +194,18 @@ def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool, inputs=()) -
     return out
 
 
+def remove_tree(path: str | os.PathLike) -> None:
+    """shutil.rmtree of a directory a tool made and replaces (a run's `model/`, `source/`),
+    refusing a symbolic link in its place by name: Python's own refusal ("Cannot call rmtree
+    on a symbolic link") names no path, so the CLI said "I/O: ...". The link and what it
+    points to are left as they are."""
+    if os.path.islink(path):
+        raise OSError(None, "is a symbolic link where a directory of ctrtrain's own belongs: "
+                      "nothing removed (what it points to may be anyone's); remove the link",
+                      str(path))
+    shutil.rmtree(path)
+
+
 @contextlib.contextmanager
 def staged(path: str | os.PathLike, mode: str = "wb"):
     """Write-then-rename: a file object whose contents appear under `path` only when the

@@ -18,14 +18,68 @@ from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_
 GLOB_CHARS = "*?["
 
 
+# The stream types open_raw decompresses with, by the names a manifest and messages use.
+COMPRESSIONS = {"GzipFile": "gzip", "BZ2File": "bzip2", "LZMAFile": "xz"}
+_A = {"gzip": "a gzip", "bzip2": "a bzip2", "xz": "an xz"}
+SNIFF_BYTES = 1 << 16
+
+
+def sniff(path: str) -> tuple[str, str | None, bytes]:
+    """(format, compression, the first SNIFF_BYTES decompressed) of a data file: "tfrecord"
+    when its bytes start a TFRecord frame, else "libsvm" (text: libffm and raw rows are told
+    from it by the callers that read them). The compression is what open_raw decompresses
+    (None, "gzip", "bzip2", "xz"), and the frame is looked for in the decompressed bytes: a
+    gzipped CSV or libsvm file is compressed text, not a gzipped TFRecord."""
+    from .raw import UNDECOMPRESSED, open_raw, undecompressed_error
+    from .tfrecord import is_tfrecord_head
+    try:
+        with open_raw(path) as f:
+            comp = COMPRESSIONS.get(type(f).__name__)
+            head = f.read(SNIFF_BYTES)
+    except UNDECOMPRESSED as e:
+        raise undecompressed_error(e, path) from None
+    return ("tfrecord" if is_tfrecord_head(head) else "libsvm"), comp, head
+
+
 def detect_format(path: str) -> tuple[str, str | None]:
-    """(format, compression) of a data file from its first bytes."""
-    from .tfrecord import is_tfrecord
-    with open(path, "rb") as f:
-        head = f.read(2)
-    if head == b"\x1f\x8b":
-        return "tfrecord", "gzip"   # gzip: ctrtrain writes only TFRecords compressed
-    return ("tfrecord", None) if is_tfrecord(path) else ("libsvm", None)
+    """(format, compression) of a data file from its first bytes (sniff)."""
+    return sniff(path)[:2]
+
+
+def text_format(head: bytes) -> str | None:
+    """"libffm" or "libsvm" as the first non-blank line of a text's first bytes reads, else
+    None (rows of another kind: a CSV or Criteo TSV table)."""
+    from .libffm import is_libffm_line
+    line = next((x for x in head.split(b"\n") if x.strip()), b"")
+    if is_libffm_line(line):
+        return "libffm"
+    return "libsvm" if b":" in line and b"\t" not in line else None
+
+
+def compressed_error(path: str, fmt: str, comp: str, head: bytes) -> DataError:
+    """The refusal of a compressed file no reader here takes: text (libsvm and libffm are read
+    as plain text, at lines' byte offsets, which a compressed stream has not), or a TFRecord
+    compressed other than by gzip (TensorFlow's reader takes gzip only). Named for what it
+    holds, with what to do."""
+    if fmt == "tfrecord":
+        return DataError(f"{_A[comp]}-compressed TFRecord file: TFRecords are read plain or "
+                         "gzip-compressed; recompress it with gzip", path=path)
+    kind = text_format(head)
+    if kind is None:
+        return DataError(f"{_A[comp]}-compressed file of text rows, not libsvm or libffm: a "
+                         "raw table is featurized first (`ctrtrain data featurize` reads it "
+                         "compressed)", path=path)
+    return DataError(f"{_A[comp]}-compressed {kind} file: decompress it first (libsvm and "
+                     "libffm input is read as plain text)", path=path)
+
+
+def check_readable_compression(path: str) -> tuple[str, str | None]:
+    """detect_format, refusing (compressed_error) what is compressed but not a gzipped
+    TFRecord."""
+    fmt, comp, head = sniff(path)
+    if comp is not None and (fmt, comp) != ("tfrecord", "gzip"):
+        raise compressed_error(path, fmt, comp, head)
+    return fmt, comp
 
 
 def _tfrecord_field_size(path: str, compression: str | None) -> int:
@@ -61,7 +115,7 @@ def index_files(files: list[str], *, names: list[str] | None = None,
     `fields`: the TFRecords' declared fields (data/schema.py), which records do not tell."""
     if not files:
         raise DataError("no data files given")
-    kinds = {f: detect_format(f) for f in files}
+    kinds = {f: check_readable_compression(f) for f in files}
     fmts = {k[0] for k in kinds.values()}
     comps = {k[1] for k in kinds.values()}
     if len(fmts) > 1 or len(comps) > 1:

@@ -36,9 +36,15 @@ def field_name(j: int) -> str:
 
 
 def is_libffm(path: str) -> bool:
-    """Whether a text file's first line's first pair is field:id:value (libsvm's has one ':')."""
+    """Whether a text file's first non-blank line's first pair is field:id:value (libsvm's has
+    one ':'). Blank lines are skipped (at most the first MiB of them): a libffm file opening
+    with one was taken for libsvm."""
     with open(path, "rb") as f:
-        return is_libffm_line(f.readline())
+        line, seen = f.readline(1 << 20), 0
+        while line and not line.strip() and seen < 1 << 20:
+            seen += len(line)
+            line = f.readline(1 << 20)
+        return is_libffm_line(line)
 
 
 def is_libffm_line(line: bytes) -> bool:

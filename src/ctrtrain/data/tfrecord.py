@@ -258,8 +258,12 @@ class _HashingFile:
 def is_tfrecord(path: str) -> bool:
     """Whether a file starts with a TFRecord frame (its length's masked CRC checks out)."""
     with open(path, "rb") as f:
-        head = f.read(12)
-    return len(head) == 12 and _masked_crc(head[:8]) == int.from_bytes(head[8:], "little")
+        return is_tfrecord_head(f.read(12))
+
+
+def is_tfrecord_head(head: bytes) -> bool:
+    """Whether bytes start with a TFRecord frame: a length whose masked CRC checks out."""
+    return len(head) >= 12 and _masked_crc(head[:8]) == int.from_bytes(head[8:12], "little")
 
 
 def feature_spec(field_size: int):

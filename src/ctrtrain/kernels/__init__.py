@@ -36,7 +36,7 @@ def available() -> bool:
         _tried = True
         if os.environ.get("CTRTRAIN_KERNELS", "1") == "0":
             return False
-        from .build import intact, library_path
+        from .build import damage, library_path
         path = library_path()
         rebuild = "`python -m ctrtrain.kernels.build --force` rebuilds it"
         if not path.exists():
@@ -44,10 +44,10 @@ def available() -> bool:
                   f"is missing; `python -m ctrtrain.kernels.build` builds it): "
                   f"running the TensorFlow ops instead", flush=True)
             return False
-        if not intact(path):    # loading a cut or foreign library can crash the process
+        why = damage(path)      # loading a cut or foreign library can crash the process
+        if why:
             print(f"ctrtrain: fused kernels not loaded: {path} is not the file the build "
-                  f"wrote (its checksum differs or was not recorded; {rebuild}): running the "
-                  "TensorFlow ops instead", flush=True)
+                  f"wrote ({why}; {rebuild}): running the TensorFlow ops instead", flush=True)
             return False
         try:
             lib = tf.load_op_library(str(path))

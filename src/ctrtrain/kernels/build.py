@@ -54,13 +54,57 @@ def intact(library: Path) -> bool:
             and recorded.read_text().strip() == sha256(library))
 
 
+def damage(library: Path) -> str | None:
+    """Why the library is not the file the build wrote, or None: its recorded checksum differs
+    (or none was recorded), or it is not a whole ELF library (a copy cut short whose checksum
+    was recomputed from the cut file: loading it maps pages past the file's end, a Bus error)."""
+    if not intact(library):
+        return "its checksum differs or was not recorded"
+    return elf_incomplete(library)
+
+
+def elf_incomplete(path: Path) -> str | None:
+    """What of an ELF file lies past its end (the program header table, a loaded segment, the
+    section header table), or that it is no ELF file; None for a whole one."""
+    import struct
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) \
+                or head[5] not in (1, 2):
+            return "it is not an ELF library"
+        end = "<" if head[5] == 1 else ">"
+        wide = head[4] == 2          # ELFCLASS64
+        if wide and len(head) < 64:
+            return "it is cut short: its ELF header is incomplete"
+        phoff, shoff = struct.unpack_from(end + ("QQ" if wide else "II"), head, 32 if wide else 28)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head,
+                                                                 54 if wide else 42)
+        parts = [("its program headers", phoff, phentsize * phnum),
+                 ("its section headers", shoff, shentsize * shnum)]
+        if phoff + phentsize * phnum <= size:
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            for i in range(phnum):
+                kind, = struct.unpack_from(end + "I", table, i * phentsize)
+                if kind == 1:        # PT_LOAD: mapped from the file at load
+                    off, filesz = struct.unpack_from(end + ("Q16xQ" if wide else "I8xI"), table,
+                                                     i * phentsize + (8 if wide else 4))
+                    parts.append((f"loaded segment {i}", off, filesz))
+    for what, start, length in parts:
+        if length and start + length > size:
+            return (f"it is cut short: the file ends at byte {size:,}, before the end of "
+                    f"{what} (byte {start + length:,})")
+    return None
+
+
 def build(force: bool = False) -> Path:
     """Compiles the library (g++ with TensorFlow's own compile and link flags) unless it is
     there; written under a temporary name and renamed, so a build cut short leaves nothing a
     process could load. Raises RuntimeError with the compiler's message when it fails."""
     import tensorflow as tf
     out = library_path()
-    if intact(out) and not force:
+    if damage(out) is None and not force:
         return out
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..data.files import remove_tree
 from ..data.manifest import MANIFEST_NAME, read_manifest
 from ..errors import ConfigError
 from .spec import Channel
@@ -88,7 +89,7 @@ def materialize_file_channel(ch: Channel, files: list[str], dest: Path) -> None:
     """Copies the host's files into dest at their keys; a ctrtrain data dir also gets a
     manifest of the share and its vocabulary."""
     if dest.exists():
-        shutil.rmtree(dest)
+        remove_tree(dest)
     dest.mkdir(parents=True)
     root = ch.path if os.path.isdir(ch.path) else os.path.dirname(ch.path)
     for f in files:

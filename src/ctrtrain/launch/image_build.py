@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..data.files import remove_tree
 from ..data.manifest import INCOMPLETE_NAME
 from .images import Image, find_image, image_dir, probe
 
@@ -132,7 +133,7 @@ def build_image(framework_version: str, py_version: str | None = None, say=print
             if image:
                 return image
         if target.exists():
-            shutil.rmtree(target)
+            remove_tree(target)
         start = time.monotonic()
         _build(target, base, framework_version, dotted, say)
         probe.cache_clear()
@@ -186,5 +187,5 @@ def remove_image(framework_version: str, py_version: str | None = None) -> Path:
     if not target.exists():
         raise ConfigError(f"framework_version {framework_version}: no built image at {target} "
                           "(the project's .venv and .venv-hvd are removed by hand)")
-    shutil.rmtree(target)
+    remove_tree(target)
     return target

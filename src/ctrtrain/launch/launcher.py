@@ -155,10 +155,23 @@ def _with_retries(spec: JobSpec, run_dir: Path, attempt) -> dict:
                                         "new checkpoint: another would fail the same")
             elif final and failure.retryable is False and len(attempts) <= spec.max_retry_attempts:
                 entry["not_retried"] = "another attempt cannot get past this failure"
-            _record_attempts(run_dir, attempts, "failed" if final else "retrying")
+            time_up = None
+            if not final and spec.time_limit and \
+                    spec.time_limit - (time.monotonic() - job_began) <= RETRY_BACKOFF_S:
+                # The time limit ends during the wait: no attempt is started (one was, and
+                # recorded, failing at once on the limit: an attempt that never ran).
+                final, time_up = True, (f"time limit of {spec.time_limit:g} s reached (over "
+                                        "all attempts) while waiting to retry")
+                entry["not_retried"] = (f"the job's time limit ({spec.time_limit:g} s) ends "
+                                        "before another attempt could start")
+            _record_attempts(run_dir, attempts, "failed" if final else "retrying",
+                             **({"reason": time_up} if time_up else {}))
             if final:
                 if "not_retried" in entry and spec.max_retry_attempts:
                     print(f"[launcher] not retried: {entry['not_retried']}", flush=True)
+                if time_up:
+                    raise JobFailed(f"{time_up}: attempt {len(attempts)} failed "
+                                    f"({entry['cause']})") from None
                 raise
             print(f"[launcher] attempt {len(attempts)} failed ({entry['cause']}); starting "
                   f"again from step {entry['step_reached'] or 0} in {RETRY_BACKOFF_S:g} s "
@@ -177,11 +190,12 @@ def _with_retries(spec: JobSpec, run_dir: Path, attempt) -> dict:
         return _record_attempts(run_dir, attempts, "completed")
 
 
-def _record_attempts(run_dir: Path, attempts: list[dict], state: str) -> dict:
-    """job.json (as the last attempt's report wrote it) with every attempt and the job's state."""
+def _record_attempts(run_dir: Path, attempts: list[dict], state: str, **over) -> dict:
+    """job.json (as the last attempt's report wrote it) with every attempt and the job's state
+    (`over`: what ended the job, where that is not the last attempt's own reason)."""
     path = run_dir / "job.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
-    summary.update(attempts=attempts, state=state)
+    summary.update(attempts=attempts, state=state, **over)
     path.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

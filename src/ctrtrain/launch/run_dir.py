@@ -11,6 +11,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from ..data.files import remove_tree
 from ..errors import CtrError
 from .spec import JobSpec
 
@@ -82,7 +83,7 @@ def prepare_run(spec: JobSpec, run_dir: Path) -> None:
     for stale in ("model", "model.tar.gz", "failure"):
         path = run_dir / stale
         if path.is_dir():
-            shutil.rmtree(path)
+            remove_tree(path)
         elif path.exists():
             path.unlink()
 
@@ -92,7 +93,7 @@ def pack_code(spec: JobSpec, run_dir: Path) -> str:
     packed into sourcedir.tar.gz. Returns the tarball's path (sagemaker_submit_directory)."""
     src = run_dir / "source"
     if src.exists():
-        shutil.rmtree(src)
+        remove_tree(src)
     src.mkdir()
     tar_path = src / "sourcedir.tar.gz"
     with tarfile.open(tar_path, "w:gz") as tar:
@@ -107,7 +108,7 @@ def pack_code(spec: JobSpec, run_dir: Path) -> str:
 
 def unpack_code(tar_path: str, code_dir: Path) -> None:
     if code_dir.exists():
-        shutil.rmtree(code_dir)
+        remove_tree(code_dir)
     code_dir.mkdir(parents=True)
     with tarfile.open(tar_path) as tar:
         tar.extractall(code_dir, filter="data")
@@ -157,7 +158,7 @@ def collect_model(model_dirs: list[tuple[str, Path]], run_dir: Path
     the files it holds, a line per file another host's copy of was left out)."""
     out = run_dir / "model"
     if out.exists():
-        shutil.rmtree(out)
+        remove_tree(out)
     out.mkdir()
     owner, clashes = {}, []
     for host, model_dir in model_dirs:

@@ -24,6 +24,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from ..data.files import remove_tree
 from ..data.manifest import INCOMPLETE_NAME
 from ..errors import ConfigError
 from .cache import cache_dir
@@ -69,7 +70,7 @@ def prepare(requirements: Path, image: Image, say=print) -> Path:
     wanted = _resolve(requirements, index_lines, image)
     path = wheelhouse_path(requirements, image)
     if path.exists():
-        shutil.rmtree(path)
+        remove_tree(path)
     path.mkdir(parents=True)
     (path / INCOMPLETE_NAME).write_text("being filled; removed when every package is in\n")
     if wanted:

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     if r.get("export"):
         dest = env.model_dir / "export" / Path(r["export"]).name
         if dest.exists():
-            shutil.rmtree(dest)
+            from ..data.files import remove_tree
+            remove_tree(dest)
         shutil.copytree(r["export"], dest)
     shutil.copy(Path(cfg.model_dir) / "result.json", env.model_dir / "result.json")
     return 0

@@ -76,6 +76,8 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
         old = {"table_updates": "lazy", "model": "deepfm", **old}
         if old["model"] == "dcn_v2":    # recorded before dcn_linear: it trained without
             old.setdefault("dcn_linear", False)
+        # The fields first: an edited declaration also changes field_size, which says less.
+        _check_same_fields(md, old.get("fields"), fields)
         for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size") + TrainConfig.POSITION_FIELDS:
             if k in old and old[k] != record[k]:
                 what = "data position" if k in TrainConfig.POSITION_FIELDS else "model"
@@ -83,7 +85,6 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
                     f"{md} holds checkpoints of a run with {k}={_brief(old[k])}, not "
                     f"{_brief(record[k])}: resuming would continue at the wrong {what}. Use the "
                     "same setting, another --model-dir, or --fresh to start over")
-        _check_same_fields(md, old.get("fields"), fields)
     prev.write_text(json.dumps(record, indent=2) + "\n")
     from .config import resolved_yaml
     (md / CONFIG_YAML).write_text(resolved_yaml(cfg))   # `ctrtrain train --config` re-runs it
@@ -91,22 +92,47 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
 
 
 def _check_same_fields(md: Path, old: list | None, new: list | None) -> None:
-    """A declaration edited between runs (a field's pooling, max_len or kind) reads the same
-    files into other tensors: the checkpoints' model would be trained on, and exported for,
-    data that predict and --valid then refuse. (Runs from before this was recorded: None.)"""
+    """A declaration edited between runs (a field's pooling, max_len or kind; a field added,
+    removed or moved) reads the same files into other tensors: the checkpoints' model would be
+    trained on, and exported for, data that predict and --valid then refuse. Refused, saying
+    in plain words what changed. (Runs from before this was recorded: None.)"""
     if old is None or old == new:
         return
     before = {f["name"]: f for f in old}
     after = {f["name"]: f for f in new or []}
-    changed = [n for n in {**before, **after} if before.get(n) != after.get(n)]
-    name = changed[0] if changed else "?"
+    edited = [n for n in before if n in after and before[n] != after[n]]
+    gone = [n for n in before if n not in after]
+    added = [n for n in after if n not in before]
+    changes = [f"field {n} was declared {_declared(before[n])} at the checkpoint, now "
+               f"{_declared(after[n])}" for n in edited[:3]]
+    if not new:
+        changes.append("the data now declares no fields (the fixed schema)")
+    elif gone:
+        changes.append(f"field{'s' * (len(gone) > 1)} {_names(gone)} "
+                       f"{'are' if len(gone) > 1 else 'is'} no longer declared")
+    if added:
+        changes.append(f"field{'s' * (len(added) > 1)} {_names(added)} "
+                       f"{'are' if len(added) > 1 else 'is'} declared now, not at the checkpoint")
+    if not changes:     # the same fields, in another order: their ids and slots move
+        changes.append(f"the fields are declared in another order: {_names(list(before))} at "
+                       f"the checkpoint, now {_names(list(after))}")
+    raise ConfigError(f"{md} holds checkpoints of a run whose training data declared other "
+                      f"fields: {'; '.join(changes)}. The same files would be read into another "
+                      "model: use the same declaration, another --model-dir, or --fresh to "
+                      "start over")
 
-    def said(f):
-        return "nothing" if f is None else " ".join(f"{k}={v}" for k, v in f.items() if k != "name")
-    raise ConfigError(f"{md} holds checkpoints of a run whose training data declared field "
-                      f"{name} as {said(before.get(name))}, not {said(after.get(name))}: "
-                      "the same files would be read into another model. Use the same "
-                      "declaration, another --model-dir, or --fresh to start over")
+
+def _declared(f: dict) -> str:
+    """A field's declaration in words: `multi_hot (max_len 4, pooling sum, weighted false)`."""
+    def word(v):
+        return json.dumps(v) if isinstance(v, bool) else \
+            str(v) if isinstance(v, (str, int, float)) else _brief(v)
+    rest = [f"{k} {word(v)}" for k, v in f.items() if k not in ("name", "kind")]
+    return f.get("kind", "categorical") + (f" ({', '.join(rest)})" if rest else "")
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
 def _brief(v) -> str:

@@ -22,20 +22,21 @@ INPUT_FORMATS = ("auto", "dir", "tfrecord", "libsvm", "libffm", "raw")
 
 def resolve_format(inputs: list[str], input_format: str = "auto") -> str:
     """The input's format: `input_format`, or with "auto" told from the first input (a
-    directory, TFRecord, libffm, libsvm, else raw rows)."""
+    directory, TFRecord, libffm, libsvm, else raw rows), read through its compression: a
+    gzipped CSV is raw rows (read compressed), a gzipped libsvm file is refused."""
     if input_format != "auto":
         return input_format
-    from ..data.index import detect_format
+    from ..data.index import compressed_error, sniff, text_format
     first = inputs[0]
     if os.path.isdir(first):
         return "dir"     # with its manifest, or indexed now (data/index.py)
-    if detect_format(first)[0] == "tfrecord":
+    fmt, comp, head = sniff(first)
+    if fmt == "tfrecord":
         return "tfrecord"
-    from ..data.libffm import is_libffm
-    with open(first, "rb") as f:
-        head = f.readline()
-    return "libffm" if is_libffm(first) else \
-        "libsvm" if b":" in head and b"\t" not in head else "raw"
+    kind = text_format(head) or "raw"
+    if comp is not None and kind != "raw":
+        raise compressed_error(first, fmt, comp, head)
+    return kind
 
 
 def vocabulary_path(export_dir: str, vocab: str | None) -> str:
@@ -73,9 +74,13 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
                 raise DataError("the data declares other fields than the model was trained on "
                                 "(the manifest's `fields`)", path=inputs[0])
         else:
-            from ..data.index import detect_format
+            from ..data.index import check_readable_compression
             field_size, paths, fmt, labels = info["field_size"], inputs, input_format, "01"
-            comp = detect_format(inputs[0])[1]
+            comps = {f: check_readable_compression(f)[1] for f in inputs}
+            if len(set(comps.values())) > 1:     # one reader, of one compression, reads all
+                raise DataError("gzipped and plain TFRecord files in one input: predict them "
+                                "separately", path=", ".join(inputs[:3]))
+            comp = comps[inputs[0]]
             ds = make_dataset(inputs, field_size, fmt=input_format, compression=comp, cfg=pcfg,
                               training=False, schema=schema)
         if field_size != info["field_size"]:
@@ -201,8 +206,11 @@ def _libffm_blocks(inputs: list[str], info: dict, batch: int):
     if not info.get("fields"):
         raise DataError("is libffm text, but the model was trained on the fixed schema (libffm "
                         "trains as the declared fields `data convert` makes of it)", path=inputs[0])
+    from ..data.index import check_readable_compression
     schema = Schema.from_json(info["fields"])
     check_declaration(schema, "the model's fields")
+    for path in inputs:     # all before any row is read: libffm is read as plain text
+        check_readable_compression(path)
     for path in inputs:
         seg = Segment(path, 0, count_lines(path), 0)
         for first, text in read_line_blocks(seg, batch):
@@ -332,6 +340,8 @@ def predict_scored(model_path, inputs, out_path, *, input_format: str = "auto",
                     out.write(json.dumps(rec) + "\n")
             n += len(probs)
             pb.update(len(probs))
+        if n == 0:      # a CSV of its header only, an empty gzip: no prediction is no result
+            raise DataError("holds no rows: nothing to predict", path=", ".join(inputs[:3]))
     if not kept_labels:
         return n, None
     return n, (np.concatenate(kept_labels), np.concatenate(kept_probs))
