@@ -182,6 +182,12 @@ def test_requirements_come_from_the_package_index_through_a_wheelhouse(tmp_path)
     assert r.returncode == 2
     assert "No matching distribution found for ctrtrain-no-such-package==1.0" in r.stderr
     assert not (tmp_path / "missing" / "hosts").exists()
+    # A release published only for older Pythons (TensorFlow Addons 0.17: up to 3.10): why,
+    # and what to do, beside pip's list.
+    (tmp_path / "code" / "requirements.txt").write_text("tensorflow-addons==0.17.0\n")
+    r = run_cli("launch", job, "--output-dir", tmp_path / "older", env=cache, check=False)
+    assert r.returncode == 2 and "(from versions: " in r.stderr and "image's Python, 3.11; " \
+        "the one asked for may be published only for other Pythons" in r.stderr, r.stderr[-2000:]
     # A local package outside the code directory (F41): pip's dry run would build it, running
     # its setup.py in the launcher, outside the job. Refused by line, nothing run.
     outside = tmp_path / "outside"
@@ -382,7 +388,8 @@ def test_pipe_mode_channel_streams_each_epoch(tmp_path):
 @pytest.mark.slow
 def test_pipe_mode_dataset_in_the_2_15_image(tmp_path):
     """SageMaker's own PipeModeDataset (sagemaker-tensorflow, the C++ op) reads the channel's
-    FIFOs in the 2.15 image, one per epoch."""
+    FIFOs in the 2.15 image, one per epoch, mapped (the script's pattern); the launch warns
+    first that the image's op is 2.14's, whose bare iterator crashes there."""
     import tensorflow as tf
     data = tmp_path / "data"
     data.mkdir()
@@ -395,8 +402,11 @@ def test_pipe_mode_dataset_in_the_2_15_image(tmp_path):
     job = sm_job(tmp_path, "pipe_mode_dataset", framework_version="2.15", instance_count=1,
                  hyperparameters={"epochs": 2},
                  channels={"training": {"path": "data", "input_mode": "Pipe"}})
-    run_cli("launch", job)
+    out = run_cli("launch", job).stdout
     assert json.loads((tmp_path / "run" / "model" / "pipe.json").read_text()) == {"rows": 40}
+    assert re.search(r"warning: Pipe channel\(s\) training: the 2\.15 image's PipeModeDataset "
+                     r"is sagemaker-tensorflow 2\.14\.[\d.]+, built for TensorFlow 2\.14: .* "
+                     r"crashes the process", out), out[:3000]
 
 
 @pytest.mark.slow
@@ -615,6 +625,18 @@ def test_mpi_distribution_two_hosts_two_processes(tmp_path):
         assert json.loads(x["env"]["SM_FRAMEWORK_PARAMS"]) == {
             "sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2,
             "sagemaker_mpi_custom_mpi_options": "-x MY_FLAG=on --NCCL_DEBUG WARN"}
+
+
+def test_mpi_on_an_image_without_horovod_is_refused_before_any_build(tmp_path):
+    """`mpi` with framework_version 2.13, which no image here has: refused when the spec is
+    launched, before the build (whose 8 minutes the job could not use), the index unreached."""
+    job = sm_job(tmp_path, "horovod_ranks", framework_version="2.13",
+                 distribution={"mpi": {"enabled": True, "processes_per_host": 2}})
+    cache = tmp_path / "cache"
+    r = run_cli("launch", job, check=False, env={"CTRTRAIN_CACHE": str(cache), **OFFLINE})
+    assert r.returncode == 2 and "distribution mpi runs Horovod, which the 2.13 image does " \
+        "not have" in r.stderr and "framework_version '2.15'" in r.stderr, r.stderr
+    assert "building" not in r.stdout and not list(cache.rglob("tensorflow-2.13*"))
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .. import heartbeat
+from ..errors import ConfigError
 from ..cluster.plan import plan_cluster
 from ..cluster.process_env import process_command, process_env
 from ..cluster.sagemaker import container_env, sdk_hyperparameters, write_config_files
@@ -113,8 +114,45 @@ def prepare_outside(spec: JobSpec):
     req = requirements_file(spec.source_dir)
     if req:
         resolvable_lines(req)   # a path outside the code is refused before an image is built
+    refuse_mpi_without_horovod(spec)
     image = ensure_image(spec.framework_version, spec.py_version)
+    warn_pipe_mode_dataset(spec, image)
     return prepare(req, image) if req else None
+
+
+def refuse_mpi_without_horovod(spec: JobSpec) -> None:
+    """An `mpi` job on an image without Horovod, refused before any image is built: the images
+    built on demand hold TensorFlow and the toolkit only (image_build.py); the 2.15 image
+    (scripts/horovod_env.sh) has Horovod."""
+    if not spec.framework_params.get("sagemaker_mpi_enabled"):
+        return
+    from .images import find_image
+    try:
+        image = find_image(spec.framework_version, spec.py_version)
+    except ConfigError:
+        image = None        # would be built now: without Horovod
+    if image is None or image.horovod is None:
+        raise ConfigError(f"job {spec.name}: distribution mpi runs Horovod, which the "
+                          f"{spec.framework_version} image does not have (images built on "
+                          "demand hold TensorFlow and SageMaker's toolkit only); the 2.15 "
+                          "image has it (`bash scripts/horovod_env.sh`): framework_version "
+                          "'2.15'")
+
+
+def warn_pipe_mode_dataset(spec: JobSpec, image) -> None:
+    """A Pipe channel on an image whose PipeModeDataset was built for another TensorFlow
+    (the 2.15 image's is 2.14's, the newest AWS published): its mapped datasets work, a bare
+    PipeModeDataset's iterator crashes the process (docs/cluster.md). Said before the job
+    starts, as a crash there says nothing of why."""
+    pipes = sorted(name for name, c in spec.channels.items() if c.input_mode == "Pipe")
+    if not pipes or not image.pipemode or image.pipemode.startswith(image.framework_version + "."):
+        return
+    print(f"warning: Pipe channel(s) {', '.join(pipes)}: the {image.framework_version} image's "
+          f"PipeModeDataset is sagemaker-tensorflow {image.pipemode}, built for TensorFlow "
+          f"{'.'.join(image.pipemode.split('.')[:2])}: a dataset mapped over it works, iterating "
+          "a bare PipeModeDataset crashes the process (segmentation fault); the 2.11 to 2.14 "
+          "images have one built for their own TensorFlow, and reading the channel's FIFOs "
+          "(/opt/ml/input/data/<channel>_<epoch>) works on every image", flush=True)
 
 
 RETRY_BACKOFF_S = 2.0   # between attempts: the torn-down job's ports and files settle

@@ -316,8 +316,17 @@ def _resolve(requirements: Path, lines: list[str], image: Image) -> list[str]:
                            cwd=requirements.parent, capture_output=True, text=True,
                            env=env, timeout=3600)
         if r.returncode != 0:
+            why = ""
+            if re.search(r"\(from versions: (?!none\))", r.stderr):
+                # The package exists, but not the release asked for, as pip sees it from the
+                # image's Python: "from versions" lists only what installs on that Python.
+                py = image.py_version
+                why = (f"\n(pip lists the releases it can install on the {image.framework_version} "
+                       f"image's Python, {py[2]}.{py[3:]}; the one asked for may be published "
+                       "only for other Pythons: pin a listed one, or give the job the "
+                       "`py_version` it was published for, e.g. py310)")
             raise ConfigError(f"{requirements}: pip cannot install it into the "
-                              f"{image.framework_version} image:\n" + _pip_errors(r.stderr))
+                              f"{image.framework_version} image:\n" + _pip_errors(r.stderr) + why)
         installs = json.loads(report.read_text()).get("install", [])
     out = []
     for item in installs:
