@@ -4,7 +4,7 @@ data service, its part of the training data; recipes/deepfm.py) and the settings
 into a checkpoint directory of its own. A multi-process job costs seconds of start-up per
 process (a parameter-server job starts eight); this trains every model in one job's processes.
 
-    --runs '{"lr": {"steps": 60, ...}, "deepfm-2-epochs": {"model": "deepfm", ...}}'
+    --runs '{"lr": {"steps": 30, ...}, "deepfm-1-epoch": {"model": "deepfm", ...}}'
 
 A run's model is its `model` setting, else its name. The chief writes <SM_MODEL_DIR>/runs.json:
 each run's result.json, its first "start" event (metrics.jsonl) and its export's
