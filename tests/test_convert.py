@@ -154,3 +154,11 @@ def test_a_libffm_file_opening_with_a_blank_line_is_sniffed_as_libffm(tmp_path):
     assert code == 0, err
     m = read_manifest(tmp_path / "o")
     assert m.records == 2 and [f["name"] for f in m.fields] == ["f0", "f1"]
+
+
+def test_a_data_tools_processes_follow_its_rows_unless_asked(monkeypatch):
+    """A worker costs about what 100,000 rows do: smaller inputs stay in one process."""
+    from ctrtrain.data.parallel import processes_for
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert [processes_for(n, None) for n in (0, 99_999, 100_000, 250_000, 10**9)] == [1, 1, 1, 2, 8]
+    assert processes_for(10, 3) == 3                 # asked: honoured

@@ -88,7 +88,7 @@ def _data_commands(sub):
                    help="std of a part in which each history's items count by their relevance "
                         "to the candidate, the first categorical field (for DIN; needs "
                         "--sequence-fields); 0: none")
-    p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
+    p.add_argument("--processes", type=POSITIVE, default=None, help="default: one per 100,000 rows, at most the CPU count")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_synth)
 
@@ -159,7 +159,7 @@ def _data_commands(sub):
                    help="take field_size and feature_size from this data directory's manifest "
                         "(convert valid/test splits --like the training split, so they agree)")
     p.add_argument("--shards", type=POSITIVE, default=8, help="output files, equal record counts")
-    p.add_argument("--processes", type=POSITIVE, default=None, help="default: CPU count")
+    p.add_argument("--processes", type=POSITIVE, default=None, help="default: one per 100,000 rows, at most the CPU count")
     p.add_argument("--gzip", action="store_true", help="gzip-compressed TFRecords")
     p.add_argument("--labels", choices=["01", "pm1"], default="01", help="label values: 0/1 or -1/1 (libfm)")
     p.add_argument("--max-bad-rows", type=NON_NEGATIVE, default=0,

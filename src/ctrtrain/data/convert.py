@@ -33,7 +33,7 @@ from .libffm import (
 )
 from .libsvm import BadRow, format_libsvm, parse_libsvm
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest, sha256_file
-from .parallel import run_tasks
+from .parallel import processes_for, run_tasks
 from .schema import FieldRows
 from .tfrecord import SUFFIX, ShardWriter
 
@@ -135,7 +135,7 @@ def libsvm_to_tfrecord(inputs, out_dir, *, field_size: int, feature_size: int | 
     block = functools.partial(_libsvm_block, field_size=field_size, label_format=label_format,
                               feature_size=feature_size)
     results = _write_shards(files, counts, out, shards=max(1, min(shards, sum(counts))),
-                            processes=processes or os.cpu_count() or 1, block=block, schema=None,
+                            processes=processes_for(sum(counts), processes), block=block, schema=None,
                             compression=compression, max_bad_rows=max_bad_rows)
     max_id = max(r["max_id"] for r in results)
     if vocabulary_file:
@@ -194,7 +194,7 @@ def libffm_to_tfrecord(files, out_dir, *, like: Manifest | None = None,
     if sum(counts) == 0:
         raise DataError("input has no rows", path=", ".join(files))
     out = prepare_output_dir(out_dir, overwrite, [*protect, *files])
-    processes = processes or os.cpu_count() or 1
+    processes = processes_for(sum(counts), processes)
     shards = max(1, min(shards, sum(counts)))
     if like is not None:
         if like.schema is None:
@@ -340,7 +340,7 @@ def tfrecord_to_libsvm(data_dir, out_dir, *, processes: int | None = None,
     tasks = [(src, str(out / (Path(f.path).name.split(SUFFIX)[0] + ".libsvm")), m.field_size,
               m.compression) for src, f in zip(m.paths(data_dir), m.files)]
     try:
-        entries = list(run_tasks(_tfrecord_shard_to_libsvm, tasks, processes or os.cpu_count() or 1,
+        entries = list(run_tasks(_tfrecord_shard_to_libsvm, tasks, processes_for(m.records, processes),
                                   "to libsvm", [f.records for f in m.files]))
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)

@@ -12,6 +12,19 @@ from concurrent.futures import ProcessPoolExecutor
 
 from ..progress import bar
 
+# Starting a worker (spawn, then its imports) costs about 0.5 CPU-seconds, what converting or
+# synthesizing about 60,000 rows costs in one process; a second worker gains no wall time on
+# 20,000 rows and breaks even near 100,000 (docs/development.md, "Data tools' processes").
+ROWS_PER_PROCESS = 100_000
+
+
+def processes_for(rows: int, asked: int | None) -> int:
+    """The processes a data tool uses: those asked for, or else one per ROWS_PER_PROCESS rows,
+    at least one and at most the CPU count."""
+    if asked:
+        return asked
+    return max(1, min(os.cpu_count() or 1, rows // ROWS_PER_PROCESS))
+
 
 def run_tasks(worker, tasks, processes: int, desc: str, unit_counts: list[int]):
     """Runs tasks in worker processes (or inline for one process), yielding results in task

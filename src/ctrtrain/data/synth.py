@@ -37,7 +37,7 @@ from ..metrics import logloss, roc_auc
 from .files import finish_output_dir, prepare_output_dir, staged
 from .libsvm import Rows, format_libsvm
 from .manifest import FileEntry, Manifest, sha256_file
-from .parallel import run_tasks
+from .parallel import processes_for, run_tasks
 
 # Criteo Kaggle (train.txt) distinct values of C1..C26.
 CRITEO_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
@@ -330,7 +330,7 @@ def synthesize(out_dir, cfg: SynthConfig = SynthConfig(), *, processes: int | No
             tasks.append((cfg, str(out / split / f"part-{i:05d}{suffix}"), a, b))
             owners.append(split)
     try:
-        results = list(run_tasks(_write_file, tasks, processes or os.cpu_count() or 1, "synth",
+        results = list(run_tasks(_write_file, tasks, processes_for(cfg.rows, processes), "synth",
                                   [t[3] - t[2] for t in tasks]))
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
