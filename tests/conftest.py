@@ -53,7 +53,7 @@ def declared(tmp_path_factory):
         "data", "synth", "--out", d / "data", "--rows", 30_000, "--feature-size", 4_000,
         "--seed", 2, "--numeric-fields", 2, "--categorical-fields", 5, "--multi-hot-fields", 2,
         "--multi-hot-len", 4, "--multi-hot-vocab", 300, "--sequence-fields", 1,
-        "--sequence-len", 3, "--files-per-split", 2, "--processes", 2))[0] / "data"
+        "--sequence-len", 3, "--files-per-split", 2))[0] / "data"
 
 
 def run_cli(*args, check=True, cwd=None, env=None, timeout=600):

@@ -35,7 +35,7 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> tu
 def make_synth(root: Path, rows: int, feature_size: int, seed: int = 0) -> dict:
     """Synthesized splits as libsvm (root/raw/<split>) and TFRecord (root/tf/<split>)."""
     return synthesize_tfrecord(root, SynthConfig(rows=rows, feature_size=feature_size, seed=seed),
-                               shards={"train": 4}, processes=2)
+                               shards={"train": 4})
 
 
 class SynthCache:
