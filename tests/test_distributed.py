@@ -141,7 +141,7 @@ def test_allreduce_with_cache_holds_each_hosts_part_and_matches_single_process(t
 # Asynchronous updates cost quality (stale gradients while the embeddings move fast): with the
 # single-process learning rate, 2 workers trailed single-process training by 0.000-0.011 AUC
 # over runs on this small set; with half the rate, as the issue allows, by up to 0.006 (one CI
-# run in four); with 0.35x it stayed within 0.0024 over 5 runs (README, docs/benchmarks.md).
+# run in four); with 0.35x it stayed within 0.0024 over 5 runs (docs/cluster.md, docs/benchmarks.md).
 PS_HP = {"epochs": 2, "batch_size": 256, "learning_rate": 0.00035}
 PS_BASELINE = (256, 2)
 # The smallest parameter-server job: one host with the chief, a worker, a server and the input

@@ -103,7 +103,7 @@ def test_lazy_updates_differ_from_dense(optimizer):
 
 def test_adam_catchup_with_table_l2_is_within_its_stated_bound():
     """With the table's L2, Adam's skipped steps have no closed form: catchup approximates
-    them (Adam._idle_l2). The bound stated in the README, at the default learning rate over
+    them (Adam._idle_l2). The bound stated in docs/training.md, at the default learning rate over
     150 steps of long-tailed ids: median table difference from dense under 2e-4 and the 99th
     percentile under 6e-3 (lazy updates: 6e-3 and 3e-2), the MLP within 5e-3."""
     for l2 in (1e-4, 1e-3):

@@ -458,7 +458,7 @@ def _bench_commands(sub):
     p.set_defaults(func=cmd_bench_modes)
     p = bsub.add_parser("matrix", help="a matrix of modes and settings from a YAML file: "
                                        "ranking, cost, recommendation, plots")
-    p.add_argument("matrix", help="matrix YAML (see ctrtrain/bench/matrix.py; docs/bench-matrix.yaml)")
+    p.add_argument("matrix", help="matrix YAML (see ctrtrain/bench/matrix.py; docs/results/modes/bench-matrix.yaml)")
     p.add_argument("--prices", default=None, help="price table YAML (default: the shipped one)")
     p.add_argument("--work-dir", default="runs/bench-matrix")
     p.add_argument("--out", default="runs/bench-matrix/report")
