@@ -55,8 +55,8 @@ def _wait_for(pred, timeout):
 def test_killed_run_resumes_from_its_last_checkpoint(synth, tmp_path):
     root, _ = synth
     md = tmp_path / "m"
-    args = train_args(root, md, "--steps", "400", "--checkpoint-every", "50", "--batch-size", "256",
-                      "--log-every", "50", "--no-export")
+    args = train_args(root, md, "--steps", "240", "--checkpoint-every", "40", "--batch-size", "256",
+                      "--log-every", "40", "--no-export")
     cmd = [sys.executable, "-m", "ctrtrain.cli", *map(str, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = md / "metrics.jsonl"
@@ -64,7 +64,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(synth, tmp_path):
     def checkpointed():
         if not metrics.exists():
             return False
-        return any(json.loads(l).get("event") == "checkpoint" and json.loads(l)["step"] >= 100
+        return any(json.loads(l).get("event") == "checkpoint" and json.loads(l)["step"] >= 80
                    for l in metrics.read_text().splitlines())
     try:
         assert _wait_for(checkpointed, 300), "no checkpoint before the kill"
@@ -78,14 +78,14 @@ def test_killed_run_resumes_from_its_last_checkpoint(synth, tmp_path):
     # The kill may land between a checkpoint's files and its log line: the newest on disk is
     # where training resumes.
     saved = max(int(p.name[5:-6]) for p in (md / "checkpoints").glob("ckpt-*.index"))
-    assert saved in (max(logged), max(logged) + 50), (saved, logged)
+    assert saved in (max(logged), max(logged) + 40), (saved, logged)
     ctrtrain_here(*args)  # the same command again
     result = json.loads((md / "result.json").read_text())
-    assert result["resumed_from"] == saved and result["step"] == 400
+    assert result["resumed_from"] == saved and result["step"] == 240
     starts = [json.loads(l) for l in metrics.read_text().splitlines() if '"start"' in l]
     assert starts[-1]["resumed"] is True and starts[-1]["step"] == saved
     # Same data position: an uninterrupted run ends at (nearly) the same model.
-    ctrtrain_here(*train_args(root, tmp_path / "ref", "--steps", "400", "--checkpoint-every", "50",
+    ctrtrain_here(*train_args(root, tmp_path / "ref", "--steps", "240", "--checkpoint-every", "40",
                               "--batch-size", "256", "--no-export"))
     ref = json.loads((tmp_path / "ref" / "result.json").read_text())
     assert abs(ref["test"]["auc"] - result["test"]["auc"]) < 0.003
