@@ -10,7 +10,7 @@ from pathlib import Path
 # Lowest first. A module may import its own layer and those below it.
 LAYERS = [
     {"errors", "mode", "heartbeat", "progress", "metrics", "usage", "shutdown", "values",
-     "kernels", "tf_start", "__init__"},
+     "kernels", "tf_start"},
     {"data"},
     {"environment"},
     {"input"},
@@ -20,7 +20,10 @@ LAYERS = [
     {"launch"},
     {"recipes"},
     {"bench", "quickstart"},
-    {"cli"},
+    {"api"},
+    # The package's face: its version, the Keras hook, and the Python API by name (api.py,
+    # whose functions import what they run when called).
+    {"cli", "__init__"},
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

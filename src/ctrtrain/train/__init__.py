@@ -1,6 +1,9 @@
 """Training: the configuration (config.py), the controller that owns the loop
 (controller.py) and a trainer per distribution mode (sync.py, ps.py), evaluation, checkpoints,
-export and batch prediction."""
+export and batch prediction.
+
+Called, the package is the Python API's train (`ctrtrain.train(train=..., model_dir=...)`:
+api.py, docs/api.md); `train(cfg)` below runs a TrainConfig."""
 
 from __future__ import annotations
 

@@ -303,45 +303,68 @@ def predict(model_path, inputs, out_path, *, input_format: str = "auto", vocab: 
 
 def predict_scored(model_path, inputs, out_path, *, input_format: str = "auto",
                    vocab: str | None = None, has_label: bool = True, batch: int = 4096,
-                   out_format: str | None = None):
+                   out_format: str | None = None, keep_all: bool = False):
     """predict(), returning (the count, (labels, probabilities) or None): the labels and
-    probabilities of every row when the input is labeled (for the headline figures)."""
+    probabilities of every row when the input is labeled (for the headline figures); with
+    `keep_all` (the Python API's predict) the probabilities whatever the input, the labels
+    None when it has none. `out_path` None: nothing is written (keep_all only)."""
     scorer = Scorer(model_path, inputs, input_format=input_format, vocab=vocab,
                     has_label=has_label, batch=batch)
     inputs = scorer.inputs
-    out_format = out_format or ("jsonl" if str(out_path).endswith((".jsonl", ".json")) else "csv")
-    if out_format not in ("csv", "jsonl"):
-        raise DataError(f"output format must be csv or jsonl, not {out_format!r}")
-    from ..data.files import check_not_input, staged
-    check_not_input(out_path, inputs, "--out")
-    check_not_input(str(out_path) + ".tmp", inputs, "--out")
-    if os.path.isdir(out_path):
-        raise DataError("--out is a directory; give a file name", path=str(out_path))
+    if out_path is None and not keep_all:
+        raise ValueError("predict_scored: no output and nothing kept")
+    if out_path is not None:
+        out_format = out_format or ("jsonl" if str(out_path).endswith((".jsonl", ".json"))
+                                    else "csv")
+        if out_format not in ("csv", "jsonl"):
+            raise DataError(f"output format must be csv or jsonl, not {out_format!r}")
+        from ..data.files import check_not_input
+        check_not_input(out_path, inputs, "--out")
+        check_not_input(str(out_path) + ".tmp", inputs, "--out")
+        if os.path.isdir(out_path):
+            raise DataError("--out is a directory; give a file name", path=str(out_path))
     n = 0
     kept_labels, kept_probs = [], []
-    with staged(out_path, "w") as out, bar(desc="predict", unit="rows") as pb:
-        if out_format == "csv":
+    with _output(out_path) as out, bar(desc="predict", unit="rows") as pb:
+        if out is not None and out_format == "csv":
             out.write("row,prob" + (",label" if has_label else "") + "\n")
         for labels, probs, _ in scorer.blocks():
-            rows = np.arange(n, n + len(probs))
-            if has_label and labels is not None:
+            labeled = has_label and labels is not None
+            if labeled:
                 kept_labels.append(np.asarray(labels, np.float32))
+            if labeled or keep_all:
                 kept_probs.append(probs)
-            if out_format == "csv":
-                # Full float32 precision (9 significant digits): rounding makes ties
-                # that change the AUC on low-CTR data.
-                cols = [rows.astype(str), np.char.mod("%.9g", probs)]
-                if has_label and labels is not None:
-                    cols.append(labels.astype(np.int64).astype(str))
-                out.write("".join(",".join(r) + "\n" for r in zip(*cols)))
-            else:
-                for i, p in zip(rows.tolist(), probs.tolist()):
-                    rec = {"row": i, "prob": p}
-                    out.write(json.dumps(rec) + "\n")
+            if out is not None:
+                _write_rows(out, out_format, n, probs, labels if labeled else None)
             n += len(probs)
             pb.update(len(probs))
         if n == 0:      # a CSV of its header only, an empty gzip: no prediction is no result
             raise DataError("holds no rows: nothing to predict", path=", ".join(inputs[:3]))
-    if not kept_labels:
-        return n, None
-    return n, (np.concatenate(kept_labels), np.concatenate(kept_probs))
+    labels = np.concatenate(kept_labels) if kept_labels else None
+    if keep_all:
+        return n, (labels, np.concatenate(kept_probs))
+    return n, None if labels is None else (labels, np.concatenate(kept_probs))
+
+
+def _write_rows(out, out_format: str, first: int, probs, labels) -> None:
+    """Rows `first`, `first` + 1, ... of predict's output."""
+    rows = np.arange(first, first + len(probs))
+    if out_format == "csv":
+        # Full float32 precision (9 significant digits): rounding makes ties
+        # that change the AUC on low-CTR data.
+        cols = [rows.astype(str), np.char.mod("%.9g", probs)]
+        if labels is not None:
+            cols.append(labels.astype(np.int64).astype(str))
+        out.write("".join(",".join(r) + "\n" for r in zip(*cols)))
+    else:
+        for i, p in zip(rows.tolist(), probs.tolist()):
+            rec = {"row": i, "prob": p}
+            out.write(json.dumps(rec) + "\n")
+
+
+def _output(out_path):
+    """The output file, written whole or not at all; None for none."""
+    import contextlib
+
+    from ..data.files import staged
+    return contextlib.nullcontext() if out_path is None else staged(out_path, "w")
