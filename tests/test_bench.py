@@ -197,11 +197,20 @@ def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
     peer = deepctr_python()
     if peer is None and os.environ.get("CTRTRAIN_REQUIRE_DEEPCTR"):
         pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")
+    # A set smaller than one batch of the protocol (1024) is refused before any run, naming
+    # it: not an hour into a suite, with the sets before it lost.
+    ctrtrain_here("data", "synth", "--out", tmp_path / "t", "--rows", "600", "--feature-size", "500")
+    code, _, err = cli("bench", "quality", "--data", f"small={tmp_path / 'd'}", "--data",
+                       f"tiny={tmp_path / 't'}", "--epochs", "1", "--work-dir", tmp_path / "w0",
+                       "--json", tmp_path / "q0.json")
+    assert code == 2 and "tiny: its training split has 480 records" in err, err
+    assert not (tmp_path / "q0.json").exists() and not (tmp_path / "w0" / "arrays").exists()
     args = ["bench", "quality", "--data", f"small={tmp_path / 'd'}", "--epochs", "2",
             "--variants", "auto,catchup,dense", "--batch-size", "256", "--work-dir", tmp_path / "w",
             "--json", tmp_path / "q.json"]
     r = run_cli(*args, *(["--deepctr-python", peer] if peer else []), timeout=1200)
     report = json.loads((tmp_path / "q.json").read_text())
+    assert report["complete"] is True
     runs = report["sets"]["small"]["runs"]
     assert set(runs) == ({"ctrtrain auto", "ctrtrain catchup", "ctrtrain dense"}
                          | ({"deepctr"} if peer else set()))

@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..data.files import staged
+from ..errors import ConfigError
 from ..models import MODELS
 from ..train.config import TABLE_UPDATES
 from .machine import describe_machine
@@ -73,7 +75,6 @@ def split_variants(text: str) -> list[str]:
 def variant_settings(variant: str) -> dict:
     """`catchup` or `catchup:adam_epsilon=1e-8,output_bias=zero`: table_updates and other
     training settings (by their names in `ctrtrain train --help`)."""
-    from ..errors import ConfigError
     from ..train.config import settings_from_mapping
     updates, _, rest = variant.partition(":")
     raw = {"table_updates": updates}
@@ -89,7 +90,6 @@ def peer_options(model: str, variants, schema) -> dict:
     """The model's options for DeepCTR's one run: those every variant trains with (the
     defaults, or the variants' own settings, which must then agree); for din, the history and
     target resolved from the data's declared fields (`schema`) as ctrtrain's DIN resolves them."""
-    from ..errors import ConfigError
     defaults = {n: o.default for n, o in MODELS[model].options.items()}
     chosen = [{**defaults, **{k: v for k, v in variant_settings(v).items() if k in defaults}}
               for v in variants] or [defaults]
@@ -232,13 +232,23 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
     work.mkdir(parents=True, exist_ok=True)
     if not datasets:
         datasets = [("synthetic long tail", str(long_tail_data(work)))]
-    report = {"machine": describe_machine(), "config": config, "epochs": epochs, "sets": {}}
+    report = {"machine": describe_machine(), "config": config, "epochs": epochs, "sets": {},
+              "complete": False}
+    # Every set read and checked before the first run: a clear error now, not in a worker
+    # an hour into the suite.
+    for variant in variants:
+        variant_settings(variant)
+    read = {}
     for name, root in datasets:
         splits = {s: str(Path(root) / s) for s in ("train", "valid", "test")}
-        # Read now: a clear error here, not in a worker.
         manifests = {s: resolve_source(d)[0] for s, d in splits.items()}
-        for variant in variants:
-            variant_settings(variant)  # likewise
+        records = manifests["train"].records
+        if isinstance(config["batch_size"], int) and config["batch_size"] > records:
+            raise ConfigError(f"{name}: its training split has {records} records, fewer than "
+                              f"one batch of {config['batch_size']}: give --batch-size (for "
+                              "every set of the run) or run this set on its own")
+        read[name] = (root, splits, manifests)
+    for name, (root, splits, manifests) in read.items():
         peer = deepctr_python and model in DEEPCTR_MODELS
         if peer:    # likewise: what DeepCTR's run trains with
             options = peer_options(model, variants, manifests["train"].schema)
@@ -285,13 +295,21 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
                         for k in per_seed if k != "deepctr"}
         report["sets"][name] = entry
         print(format_set(name, entry), flush=True)
+        if out:     # each set as it ends, marked incomplete until the last one has
+            _write_report(out, report)
     if len(report["sets"]) > 1 and seeds > 1 and peer:
         report["suite"] = suite_summary(report)
         print(format_suite(report["suite"]), flush=True)
+    report["complete"] = True
     if out:
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+        _write_report(out, report)
         plot_curves(report, Path(out).with_suffix(".png"))
     return report
+
+
+def _write_report(out: str, report: dict) -> None:
+    with staged(out, "w") as f:
+        f.write(json.dumps(report, indent=2) + "\n")
 
 
 def plot_curves(report: dict, path: Path) -> None:
