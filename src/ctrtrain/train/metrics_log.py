@@ -1,5 +1,17 @@
-"""The run's log: metrics.jsonl (one JSON object per event), TensorBoard scalars and console
-lines. Only the chief of a job writes."""
+"""The run's log: metrics.jsonl (one JSON object per event), TensorBoard summaries and console
+lines. Only the chief of a job writes.
+
+TensorBoard's files are laid out as Keras's TensorBoard callback lays them out, so that
+`tensorboard --logdir <model_dir>/logs` overlays the curves of one metric: a run per split,
+`logs/train`, `logs/validation` and `logs/test` (the test split: its evaluations with
+eval_test, and the chosen model's at the end), whose tags share names -- `loss` (the mean
+log loss: the train run's over each log window, the others' over the split) and `auc`. The
+x axis is the global step. The train run also holds, per log window, `examples_per_s` and
+`input_bound` (the share of the window's time spent waiting for input), and `learning_rate`
+where a decay on a plateau can change it. What stays constant through a run (its settings,
+the data's sizes, the mode's processes) is no curve: it goes once to the hparams plugin, in
+`logs` itself, where TensorBoard makes the directory one session whose metrics are the
+splits' tags (the HParams tab compares runs by their settings and last figures)."""
 
 from __future__ import annotations
 
@@ -11,30 +23,30 @@ from pathlib import Path
 import numpy as np
 
 METRICS = "metrics.jsonl"
+LOGS = "logs"                                           # TensorBoard's, in the model directory
+RUNS = {"train": "train", "valid": "validation", "test": "test"}   # a split's run in LOGS
+HPARAMS_SECTIONS = ("data", "model", "optimizer", "schedule", "distribution")
 
 
 class MetricsLog:
-    """metrics.jsonl (one JSON object per event), TensorBoard scalars, and console lines."""
+    """metrics.jsonl (one JSON object per event), TensorBoard summaries, and console lines.
+    settings: the run's settings for TensorBoard's hparams (run_settings)."""
 
-    def __init__(self, model_dir: Path, console: bool, enabled: bool = True):
-        import tensorflow as tf
+    def __init__(self, model_dir: Path, console: bool, enabled: bool = True,
+                 settings: dict | None = None):
         self.enabled = enabled    # only the chief of a job writes
         self.console = console and enabled
         if enabled:
             self.f = open(model_dir / METRICS, "a")
-            self.writer = tf.summary.create_file_writer(str(model_dir / "logs"))
+            self.tensorboard = TensorBoardRuns(model_dir / LOGS, settings or {})
 
     def event(self, kind: str, step: int, **fields):
-        import tensorflow as tf
         if not self.enabled:
             return
         rec = {"event": kind, "step": step, "time": time.time(), **fields}
         self.f.write(json.dumps(rec, default=_jsonable) + "\n")
         self.f.flush()
-        with self.writer.as_default(step=step):
-            for k, v in fields.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    tf.summary.scalar(f"{fields.get('split', kind)}/{k}", v)
+        self.tensorboard.event(kind, step, fields)
         if self.console:
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in fields.items() if not isinstance(v, dict))
             print(f"[{kind}] step {step} {shown}", flush=True)
@@ -42,7 +54,90 @@ class MetricsLog:
     def close(self):
         if self.enabled:
             self.f.close()
-            self.writer.close()
+            self.tensorboard.close()
+
+
+class TensorBoardRuns:
+    """The TensorBoard side of the log (the module's docstring says the layout): a writer per
+    run, made when its first summary comes (no validation split: no validation run)."""
+
+    def __init__(self, logdir: Path, settings: dict):
+        self.logdir, self.settings = logdir, settings
+        self.writers: dict = {}
+        self.evaluated: dict[str, set] = {}       # steps written, per split
+        # A curve only where the rate can change during the run.
+        self.learning_rate = None
+        self.track_rate = bool(settings.get("lr_decay_on_plateau"))
+
+    def event(self, kind: str, step: int, fields: dict):
+        if kind == "start":
+            self.learning_rate = fields.get("learning_rate")
+            self.hparams(fields)
+        elif kind == "lr_decay":
+            self.learning_rate = fields["learning_rate"]
+        elif kind == "train":
+            self.scalars("train", step, loss=fields["loss"],
+                         examples_per_s=fields["examples_per_s"],
+                         input_bound=fields["input_bound"],
+                         **({"learning_rate": self.learning_rate} if self.track_rate else {}))
+        elif kind == "eval":
+            # An evaluation of a step already written is of the same model: the one after an
+            # early stop, or the test split's of the best model, restored, at its step.
+            done = self.evaluated.setdefault(fields["split"], set())
+            if step not in done:
+                done.add(step)
+                self.scalars(RUNS[fields["split"]], step, loss=fields["logloss"],
+                             auc=fields["auc"])
+
+    def scalars(self, run: str, step: int, **values):
+        import tensorflow as tf
+        if run not in self.writers:
+            self.writers[run] = tf.summary.create_file_writer(str(self.logdir / run))
+        with self.writers[run].as_default(step=step):
+            for tag, v in values.items():
+                if v is not None and math.isfinite(v):
+                    tf.summary.scalar(tag, v)
+
+    def hparams(self, start: dict):
+        """The run's settings, and what the start found (sizes, processes), once a process,
+        in `logs` itself: the session whose metrics are the tags of the runs below it."""
+        import tensorflow as tf
+        # hp.hparams of `from tensorboard.plugins.hparams import api as hp`, whose import
+        # loads Keras (2 s; ctrtrain starts TensorFlow without it: tf_start.py).
+        from tensorboard.plugins.hparams import summary_v2 as hp
+        found = {k: v for k, v in start.items() if k != "resumed" and _hparam_value(v) is not None}
+        values = {**found, **{k: _hparam_value(v) for k, v in self.settings.items()
+                              if _hparam_value(v) is not None}}
+        writer = tf.summary.create_file_writer(str(self.logdir))
+        with writer.as_default():
+            hp.hparams(values)
+        writer.close()
+
+    def close(self):
+        for w in self.writers.values():
+            w.close()
+
+
+def run_settings(cfg) -> dict:
+    """The settings that shape a run, for TensorBoard's hparams: those of the data, model,
+    optimizer, schedule and distribution sections (of the model settings, those the chosen
+    model reads), as check_data resolved them. The output section's (model_dir, export,
+    quiet, ...) change nothing of the model."""
+    from ..models import MODELS
+    from .config import UNIVERSAL, table
+    reads = MODELS[cfg.model].reads + tuple(MODELS[cfg.model].options) + UNIVERSAL
+    return {f.name: getattr(cfg, f.name) for f in table()
+            if f.metadata["section"] in HPARAMS_SECTIONS
+            and (f.metadata["section"] != "model" or f.name in reads)}
+
+
+def _hparam_value(v):
+    """A value the hparams plugin takes (bool, number, text), or None (left out)."""
+    if isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (bool, int, float, str)) for x in v):
+        return ",".join(map(str, v))
+    return None
 
 
 def _fmt(v):

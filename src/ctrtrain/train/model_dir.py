@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, DataError, first_line
 from .config import TrainConfig, embedding_width
-from .metrics_log import METRICS
+from .metrics_log import LOGS, METRICS
 
 RESULT = "result.json"
 CONFIG = "train_config.json"
@@ -21,7 +21,7 @@ PREDICTIONS = "predictions.csv"
 CONFIG_YAML = "config.yaml"
 BEST = "best"           # the best evaluated model's variables and best.json, its record
 
-RUN_FILES = ("checkpoints", "logs", "export", BEST, METRICS, RESULT, CONFIG, CONFIG_YAML,
+RUN_FILES = ("checkpoints", LOGS, "export", BEST, METRICS, RESULT, CONFIG, CONFIG_YAML,
              PREDICTIONS)
 
 

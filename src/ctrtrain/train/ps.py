@@ -40,7 +40,7 @@ from .config import model_config, optimizer_params
 from .controller import ChiefActions, Controller, StepStats, announce_model_choice, finish
 from .inputs import (check_data, planned_steps, positive_rate, schedule_of, train_read_error,
                      training_dataset)
-from .metrics_log import MetricsLog
+from .metrics_log import MetricsLog, run_settings
 from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
                         restore_checkpoint, write_checkpoint)
 
@@ -142,12 +142,13 @@ def train_parameter_server(cfg, threads) -> dict:
           + ", ".join(f"{k} {v:,}" for k, v in load.items() if "/job:ps" in k), flush=True)
 
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
-    log = MetricsLog(md, not cfg.quiet)
+    log = MetricsLog(md, not cfg.quiet, settings=run_settings(cfg))
     announce_resume(log, md, start_step, total_steps)
     announce_model_choice(log, cfg, schedule)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=m.records, mode=cfg.mode,
               workers=num_workers, parameter_servers=num_ps, ps_bytes=load,
+              learning_rate=cfg.learning_rate * float(opt.lr_scale.numpy()),
               table_shards=len(model.embedding_tables),
               feature_size=m.feature_size, field_size=m.field_size)
 

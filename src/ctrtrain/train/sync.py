@@ -20,7 +20,7 @@ from .config import TrainConfig, model_config, optimizer_params
 from .controller import ChiefActions, Controller, StepStats, announce_model_choice, finish
 from .inputs import (check_data, local_records, planned_steps, positive_rate, schedule_of,
                      train_read_error, training_dataset)
-from .metrics_log import MetricsLog
+from .metrics_log import MetricsLog, run_settings
 from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
                         restore_checkpoint, write_checkpoint)
 
@@ -152,12 +152,13 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     train_steps = stacked_steps_function(replica_step, rt)
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
     heartbeat.beat(force=True)
-    log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief)
+    log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief, settings=run_settings(cfg))
     announce_resume(log, md, start_step, total_steps)
     announce_model_choice(log, cfg, schedule)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
               threads=dataclasses.asdict(threads), records=total_records, mode=cfg.mode,
-              replicas=rt.replicas, readers=rt.readers, global_batch=global_batch, learning_rate=lr,
+              replicas=rt.replicas, readers=rt.readers, global_batch=global_batch,
+              learning_rate=lr * float(opt.lr_scale.numpy()),    # a resumed run's, decayed
               feature_size=m.feature_size, field_size=m.field_size)
     # Each reader seeds its shuffle differently; resuming skips the batches already consumed.
     data = rt.distribute(lambda: training_dataset(
