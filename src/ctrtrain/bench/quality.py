@@ -357,13 +357,17 @@ def format_set(name: str, s: dict) -> str:
         v[-1].get("table_updates", "") for v in runs.values()) + " |")
     lines.append("| best valid epoch: test AUC | " + " | ".join(
         f"{sel[k]['test_auc']:.4f} (epoch {sel[k]['epoch']})" for k in runs) + " |")
-    if "over_seeds" in s:
-        means = s["over_seeds"]
-        lines.append(f"| mean of {len(next(iter(means.values()))['runs'])} seeds (SE) | " +
-                     " | ".join(f"{means[k]['test_auc']:.4f} ({means[k]['se']:.4f})"
-                                for k in runs) + " |")
-        for k, d in s.get("minus_deepctr", {}).items():
-            lines.append(f"{k} - deepctr: {d['test_auc']:+.4f} (SE {d['se']:.4f})")
+    # Both protocols over the seeds: the best validation epoch's model, the last epoch's.
+    for key, what in (("", "best valid epoch"), ("_last", "last epoch")):
+        if "over_seeds" + key not in s:
+            continue
+        means = s["over_seeds" + key]
+        lines.append(f"| {what}, mean of {len(next(iter(means.values()))['runs'])} seeds (SE) | "
+                     + " | ".join(f"{means[k]['test_auc']:.4f} ({means[k]['se']:.4f})"
+                                  for k in runs) + " |")
+    for key, what in (("", "best valid epoch"), ("_last", "last epoch")):
+        for k, d in s.get("minus_deepctr" + key, {}).items():
+            lines.append(f"{what}: {k} - deepctr: {d['test_auc']:+.4f} (SE {d['se']:.4f})")
     return "\n".join(lines)
 
 
