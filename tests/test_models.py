@@ -435,6 +435,44 @@ def test_din_on_data_without_a_history_is_refused_by_name(data, tmp_path):
     assert r.returncode == 2 and "model din needs a sequence field" in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.slow
+def test_the_written_config_holds_the_models_own_options_as_it_used_them(history_data,
+                                                                          tmp_path):
+    """<model-dir>/config.yaml (issue 56): the shared settings and DIN's own options, not every
+    other model's, with the history DIN used named (din_sequence was left to the data: its
+    only sequence field, S1) and `auto` settings made concrete; it re-runs as --config, in
+    the same directory (resuming) and in another."""
+    import yaml
+
+    from ctrtrain.models import MODELS
+    md = tmp_path / "m"
+    ctrtrain_here("train", "--train", history_data / "train", "--model-dir", md, "--model",
+                  "din", "--din-target", "C1", "--din-attention-units", "8", "--deep-layers",
+                  "16", "--embedding-size", 4, "--steps", 4, "--quiet", "--no-export")
+    written = yaml.safe_load((md / "config.yaml").read_text())
+    model = written["model"]
+    assert (model["din_sequence"], model["din_target"], model["din_attention_units"]) == \
+        ("S1", "C1", [8])
+    others = {o for name, e in MODELS.items() if name != "din" for o in e.options}
+    assert not others & set(model), others & set(model)
+    assert set(model) == {"model", "l2_reg", "l2_embedding", "output_bias", *MODELS["din"].reads,
+                          *MODELS["din"].options}
+    assert written["optimizer"]["table_updates"] == "dense"          # auto, for 2,000 rows
+    assert written["schedule"]["batch_size"] == 256 and written["data"]["shuffle_buffer"] > 0
+    ctrtrain_here("train", "--config", md / "config.yaml", "--steps", 6)
+    assert json.loads((md / "result.json").read_text())["resumed_from"] == 4
+    # A model directory recorded before DIN's fields were resolved (''), resumed.
+    record = json.loads((md / "train_config.json").read_text())
+    (md / "train_config.json").write_text(json.dumps({**record, "din_sequence": "",
+                                                      "din_target": ""}))
+    ctrtrain_here("train", "--config", md / "config.yaml", "--steps", 8)
+    assert json.loads((md / "result.json").read_text())["resumed_from"] == 6
+    ctrtrain_here("train", "--config", md / "config.yaml", "--model-dir", tmp_path / "m2")
+    again = yaml.safe_load((tmp_path / "m2" / "config.yaml").read_text())
+    # (the resumed runs rewrote md's config.yaml with their steps)
+    assert again["model"] == model and again["schedule"] == {**written["schedule"], "steps": 8}
+
+
 @pytest.fixture
 def data_of(request):
     """The data a model trains on in these tests: DIN needs a history, the others read the

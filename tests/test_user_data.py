@@ -135,6 +135,8 @@ def test_recipe_takes_the_sample_hyperparameters_as_written(tmp_path, data):
                              hyperparameters=hp)
     r = run_cli("launch", spec)
     assert "[train] step 5" in r.stdout
+    # The job's processes print no TensorFlow start-up banner (issue 56; `launch -v` would).
+    assert not any(b in r.stdout + r.stderr for b in ("oneDNN", "absl::InitializeLog")), r.stdout
     resolved = yaml.safe_load((tmp_path / "run" / "checkpoints" / "config.yaml").read_text())
     assert resolved["schedule"]["epochs"] == 1 and resolved["schedule"]["log_every"] == 5
     assert resolved["model"]["embedding_size"] == 8 and resolved["model"]["dropout"] == [0.5, 0.5]

@@ -6,10 +6,55 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from .errors import ConfigError, CtrError
+
+# The phrases by which an option's own help already states its default ("(default: the
+# model's)", "default: one per ...", "containers (default): ...", "Default 0: ...").
+_STATES_DEFAULT = re.compile(r"\(default\b|\bdefault:|\bDefault\b|\(the default\)")
+
+
+def shown_default(default) -> str | None:
+    """An option's default as --help shows it (a list as the flag takes it: 256,128,64), or
+    None where there is none worth showing (None, empty, unset)."""
+    if default is None or default is argparse.SUPPRESS or default == "" or default == [] \
+            or default == ():
+        return None
+    if isinstance(default, (list, tuple)):
+        return ",".join(map(str, default))
+    return str(default)
+
+
+def with_default(text: str, default) -> str:
+    """`text` with its default appended, once: not where the text already states it, nor for
+    an option without one."""
+    shown = shown_default(default)
+    if shown is None or _STATES_DEFAULT.search(text):
+        return text
+    return f"{text} (default: {shown})"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option of every command shows its default (with_default), once; flags (no
+    value) show none."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.nargs == 0 and not isinstance(action, argparse.BooleanOptionalAction):
+            return text
+        # Appended to the text, which argparse expands (%(default)s): the default's own % kept.
+        return text + with_default(text, action.default)[len(text):].replace("%", "%%")
+
+
+class _Parser(argparse.ArgumentParser):
+    """ctrtrain's parsers, every sub-command's too (add_subparsers makes its parsers of the
+    parent's class): the help formatter above."""
+
+    def __init__(self, *args, formatter_class=_HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
 def _argparse_type(parse, name: str):
@@ -56,13 +101,16 @@ def _data_commands(sub):
 
     p = dsub.add_parser("synth", help="synthesize Criteo-like data with a known Bayes-optimal AUC")
     p.add_argument("--out", required=True, help="output directory (gets train/ valid/ test/)")
-    p.add_argument("--rows", type=POSITIVE, default=1_000_000)
-    p.add_argument("--feature-size", type=_number(int, 100), default=1_000_000)
-    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--rows", type=POSITIVE, default=1_000_000,
+                   help="rows in all: 80%% train, 10%% valid, 10%% test")
+    p.add_argument("--feature-size", type=_number(int, 100), default=1_000_000,
+                   help="distinct ids (the embedding table's rows): every id is below it")
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0,
+                   help="seed of the hidden model and the rows (the same seed, the same data)")
     p.add_argument("--zipf", type=_number(float, 0.1), default=1.2,
                    help="exponent of the ids' popularity within a field: lower is a longer "
                         "tail (0.7: about 8,000 distinct ids per 1,024 rows, as real Criteo)")
-    p.add_argument("--files-per-split", type=POSITIVE, default=2)
+    p.add_argument("--files-per-split", type=POSITIVE, default=2, help="files of each split")
     p.add_argument("--numeric-fields", type=NON_NEGATIVE, default=13,
                    help="Criteo's 13 numeric fields, or fewer")
     p.add_argument("--categorical-fields", type=POSITIVE, default=26,
@@ -94,12 +142,16 @@ def _data_commands(sub):
 
     p = dsub.add_parser("featurize", help="raw Criteo TSV / CSV -> libsvm fixed fields (vocabulary or hashing)")
     p.add_argument("inputs", nargs="+", help="raw files or directories")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True,
+                   help="output data directory: the featurized rows (libsvm, or TFRecord with "
+                        "declared fields), their manifest and vocab.json")
     p.add_argument("--format", choices=["criteo", "csv"], default=None,
                    help="default: TAB-separated = criteo, else csv with a header")
     p.add_argument("--vocab", default=None,
                    help="reuse this vocab.json (for test splits and prediction) instead of building one")
-    p.add_argument("--min-count", type=POSITIVE, default=10, help="keep categorical values seen this often")
+    p.add_argument("--min-count", type=POSITIVE, default=10,
+                   help="keep categorical values seen at least this often in the training "
+                        "files (rarer ones share the field's unknown id)")
     p.add_argument("--hash-buckets", type=NON_NEGATIVE, default=0,
                    help="hash categoricals into N buckets per field (0: vocabulary)")
     p.add_argument("--label-column", default=None,
@@ -150,8 +202,9 @@ def _data_commands(sub):
                         "libsvm)")
     p.add_argument("inputs", nargs="+", help="libsvm or libffm files, or a data directory; "
                    "libffm (label field:id:value ...) becomes declared fields f0, f1, ...")
-    p.add_argument("--out", required=True)
-    p.add_argument("--to", choices=["tfrecord", "libsvm"], default="tfrecord")
+    p.add_argument("--out", required=True, help="output data directory")
+    p.add_argument("--to", choices=["tfrecord", "libsvm"], default="tfrecord",
+                   help="the output's format")
     p.add_argument("--field-size", type=POSITIVE, default=None, help="default: from the input's manifest")
     p.add_argument("--feature-size", type=POSITIVE, default=None,
                    help="ids must be below it; default: the input manifest's, else max id + 1")
@@ -180,17 +233,24 @@ def _data_commands(sub):
     p.set_defaults(func=cmd_index)
 
     p = dsub.add_parser("validate", help="check a data directory against its manifest")
-    p.add_argument("data_dir")
-    p.add_argument("--max-bad-rows", type=NON_NEGATIVE, default=0)
+    p.add_argument("data_dir", help="a data directory (with its manifest.json)")
+    p.add_argument("--max-bad-rows", type=NON_NEGATIVE, default=0,
+                   help="pass with up to N malformed rows (each reported)")
     p.add_argument("--quick", action="store_true", help="files, sizes and checksums only")
     p.set_defaults(func=cmd_validate)
 
     p = dsub.add_parser("split", help="deterministic train/valid/test split of text rows")
-    p.add_argument("inputs", nargs="+")
-    p.add_argument("--out", required=True)
-    p.add_argument("--fractions", type=_fractions, default=(0.8, 0.1, 0.1), help="e.g. 0.8,0.1,0.1")
-    p.add_argument("--by", choices=["hash", "order"], default="hash")
-    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("inputs", nargs="+", help="text files (CSV, TSV or libsvm; gzip, bzip2 "
+                   "or xz read as their text)")
+    p.add_argument("--out", required=True,
+                   help="output directory (gets train, valid and test files)")
+    p.add_argument("--fractions", type=_fractions, default=(0.8, 0.1, 0.1),
+                   help="train,valid,test shares of the rows, summing to 1")
+    p.add_argument("--by", choices=["hash", "order"], default="hash",
+                   help="hash: a row goes where a hash of it falls (any order, duplicates "
+                        "together); order: the first rows to train, the next to valid, the "
+                        "rest to test (data in time order)")
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seed of the hash (--by hash)")
     p.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
                    help="the first line is a header, copied to every split (default: yes for "
                         "CSV, no for TSV and libsvm)")
@@ -198,7 +258,7 @@ def _data_commands(sub):
     p.set_defaults(func=cmd_split)
 
     p = dsub.add_parser("inspect", help="summarize a data directory's manifest")
-    p.add_argument("data_dir")
+    p.add_argument("data_dir", help="a data directory (with its manifest.json)")
     p.set_defaults(func=cmd_inspect)
 
 
@@ -326,9 +386,10 @@ def _bench_commands(sub):
     bench = sub.add_parser("bench", help="benchmarks (examples/s, median of runs)")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="WHAT")
     p = bsub.add_parser("data", help="libsvm -> TFRecord conversion and TFRecord read throughput")
-    p.add_argument("--rows", type=POSITIVE, default=1_000_000)
-    p.add_argument("--processes", type=_ints(), default=[1, 2], help="e.g. 1,2")
-    p.add_argument("--repeats", type=POSITIVE, default=3)
+    p.add_argument("--rows", type=POSITIVE, default=1_000_000, help="rows of the synthesized data")
+    p.add_argument("--processes", type=_ints(), default=[1, 2],
+                   help="conversion processes to measure, comma-separated")
+    p.add_argument("--repeats", type=POSITIVE, default=3, help="runs of each (the median counts)")
     p.add_argument("--work-dir", default="runs/bench-data")
     p.add_argument("--json", default=None, help="also write the results here")
     p.set_defaults(func=cmd_bench_data)
@@ -341,11 +402,13 @@ def _bench_commands(sub):
     p.add_argument("--data", default=None,
                    help="your own training data (directory, files or glob) instead of the "
                         "synthesized reference set")
-    p.add_argument("--rows", type=POSITIVE, default=1_000_000)
-    p.add_argument("--feature-size", type=POSITIVE, default=1_000_000)
+    p.add_argument("--rows", type=POSITIVE, default=1_000_000,
+                   help="rows of the synthesized reference set")
+    p.add_argument("--feature-size", type=POSITIVE, default=1_000_000,
+                   help="distinct ids of the synthesized reference set")
     p.add_argument("--steps", type=POSITIVE, default=300, help="measured steps per run")
     p.add_argument("--warmup", type=NON_NEGATIVE, default=50, help="steps excluded from the figure")
-    p.add_argument("--repeats", type=POSITIVE, default=3)
+    p.add_argument("--repeats", type=POSITIVE, default=3, help="runs of each variant (the median counts)")
     p.add_argument("--variants", default=None,
                    help="YAML mapping name -> settings (threads, xla, mixed_precision, cache, batch_size)")
     p.add_argument("--estimator-python", default=None,
@@ -380,7 +443,7 @@ def _bench_commands(sub):
                         "prepared once; default featurize's)")
     p.add_argument("--buckets", type=NON_NEGATIVE, default=0, metavar="N",
                    help="featurize's --buckets for the --suite sets' numeric columns")
-    p.add_argument("--epochs", type=POSITIVE, default=3)
+    p.add_argument("--epochs", type=POSITIVE, default=3, help="epochs of every run")
     p.add_argument("--variants", type=split_variants, default=["auto", *TABLE_UPDATES],
                    help="ctrtrain runs, comma-separated: a table_updates, optionally with "
                         "settings (auto,catchup:adam_epsilon=1e-8,output_bias=zero is two runs)")
@@ -408,7 +471,8 @@ def _bench_commands(sub):
                                       "process or whole host of it is SIGKILLed every few "
                                       "seconds: what the faults cost, side by side")
     p.add_argument("spec", help="job spec YAML (its max_retry_attempts lets the job survive)")
-    p.add_argument("--faults", type=POSITIVE, default=3)
+    p.add_argument("--faults", type=POSITIVE, default=3, help="processes or hosts killed in the "
+                   "disturbed run")
     p.add_argument("--every", type=_number(float, 0, low_open=True), default=15.0,
                    help="seconds at least between faults (each also waits for a new checkpoint)")
     p.add_argument("--kinds", type=lambda s: s.split(","),
@@ -424,21 +488,25 @@ def _bench_commands(sub):
     p = bsub.add_parser("startup", help="where a small run's wall time goes: phases of "
                                         "`ctrtrain train` in fresh processes, and its exit")
     p.add_argument("--train", required=True, help="training data (directory, files or glob)")
-    p.add_argument("--valid", default=None)
-    p.add_argument("--test", default=None)
-    p.add_argument("--repeats", type=POSITIVE, default=3)
+    p.add_argument("--valid", default=None, help="validation data (train's --valid)")
+    p.add_argument("--test", default=None, help="test data (train's --test)")
+    p.add_argument("--repeats", type=POSITIVE, default=3, help="runs (the median counts)")
     p.add_argument("--work-dir", default="runs/bench-startup")
     p.add_argument("--json", default=None)
     p.add_argument("train_args", nargs="*", help="more `ctrtrain train` flags (after --)")
     p.set_defaults(func=cmd_bench_startup)
     p = bsub.add_parser("profile", help="op-by-op CPU time of the reference training step")
     p.add_argument("--data", default=None, help="a TFRecord data directory (default: the reference data)")
-    p.add_argument("--rows", type=POSITIVE, default=1_000_000)
-    p.add_argument("--feature-size", type=POSITIVE, default=1_000_000)
+    p.add_argument("--rows", type=POSITIVE, default=1_000_000,
+                   help="rows of the reference data (without --data)")
+    p.add_argument("--feature-size", type=POSITIVE, default=1_000_000,
+                   help="distinct ids of the reference data (without --data)")
     p.add_argument("--model", choices=list(MODELS), default="deepfm",
                    help="the model whose step is profiled, at its default options")
-    p.add_argument("--mixed-precision", action="store_true")
-    p.add_argument("--table-updates", default="auto", choices=("auto", *TABLE_UPDATES))
+    p.add_argument("--mixed-precision", action="store_true",
+                   help="bfloat16 compute of the MLP, as train's --mixed-precision")
+    p.add_argument("--table-updates", default="auto", choices=("auto", *TABLE_UPDATES),
+                   help="how the embedding table is updated, as train's --table-updates")
     p.add_argument("--work-dir", default="runs/bench-train")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_profile)
@@ -448,8 +516,9 @@ def _bench_commands(sub):
                             "allreduce+data_service"],
                    help="cells: a mode, +data_service, :key=value settings "
                         "(e.g. allreduce:sparse_reduce=dense)")
-    p.add_argument("--rows", type=POSITIVE, default=200_000)
-    p.add_argument("--feature-size", type=POSITIVE, default=100_000)
+    p.add_argument("--rows", type=POSITIVE, default=200_000, help="rows of the synthesized data")
+    p.add_argument("--feature-size", type=POSITIVE, default=100_000,
+                   help="distinct ids of the synthesized data")
     p.add_argument("--batch-size", type=POSITIVE, default=1024, help="per process / replica")
     p.add_argument("--steps", type=POSITIVE, default=120, help="example budget = steps x batch size")
     p.add_argument("--prices", default=None, help="price table YAML (default: the shipped one)")
@@ -461,7 +530,8 @@ def _bench_commands(sub):
     p.add_argument("matrix", help="matrix YAML (see ctrtrain/bench/matrix.py; docs/results/modes/bench-matrix.yaml)")
     p.add_argument("--prices", default=None, help="price table YAML (default: the shipped one)")
     p.add_argument("--work-dir", default="runs/bench-matrix")
-    p.add_argument("--out", default="runs/bench-matrix/report")
+    p.add_argument("--out", default="runs/bench-matrix/report",
+                   help="where the report (JSON, CSV, Markdown, PNG) goes")
     p.set_defaults(func=cmd_bench_matrix)
 
 
@@ -587,14 +657,14 @@ def _train_commands(sub):
                         "schedule, distribution, output) or flat")
     groups = {s: p.add_argument_group(s) for s in SECTIONS}
     for f in table():
-        default = getattr(d, f.name)
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f"{f.metadata['help']} "
-                  f"(default: {shown})".replace("%", "%%"))
+        # Unset flags stay out of the namespace (a --config file's value holds), so the
+        # formatter does not see the default: the help states it.
+        kw = dict(dest=f.name, default=argparse.SUPPRESS,
+                  help=with_default(f.metadata["help"], getattr(d, f.name)).replace("%", "%%"))
         flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
         if f.name in FLAG_NAMES:    # data: several paths too, as a shell expands a glob
             kw["nargs"] = "+"
-        if isinstance(default, bool):
+        if isinstance(getattr(d, f.name), bool):
             groups[f.metadata["section"]].add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
             groups[f.metadata["section"]].add_argument(flag, type=_argparse_type(f.metadata["parse"], f.name), **kw)
@@ -604,10 +674,11 @@ def _train_commands(sub):
     p.add_argument("--model", required=True, help="a SavedModel, or a model dir's export/ base")
     p.add_argument("--input", required=True, nargs="+", help="data dir, TFRecord, libsvm or raw files")
     p.add_argument("--out", required=True, help="CSV, or JSON lines if it ends in .jsonl")
-    p.add_argument("--input-format", choices=["auto", "dir", "tfrecord", "libsvm", "libffm", "raw"], default="auto")
+    p.add_argument("--input-format", choices=["auto", "dir", "tfrecord", "libsvm", "libffm", "raw"],
+                   default="auto", help="the input's format (auto: told from the first input)")
     p.add_argument("--vocab", default=None, help="vocabulary for raw rows (default: the model's)")
     p.add_argument("--no-label", action="store_true", help="raw rows have no label column")
-    p.add_argument("--batch-size", type=POSITIVE, default=4096)
+    p.add_argument("--batch-size", type=POSITIVE, default=4096, help="rows scored at a time")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("evaluate", help="a SavedModel's AUC, logloss, gAUC, calibration and "
@@ -675,9 +746,14 @@ def cmd_train(a):
         print(f"exported SavedModel: {r['export']}")
     if r.get("predictions"):
         print(f"test predictions: {r['predictions']}")
+    from .train.controller import position
     eps = r.get("examples_per_s")
-    print(f"summary: {r['step']} steps, " + (f"{eps:,.0f} examples/s after warm-up, " if eps else
-                                             "examples/s after warm-up: one log window, none, ")
+    # The first log window (tracing, the first batches) is left out of examples/s: a run of
+    # one window has none to measure.
+    print(f"summary: {position(r['step'], r.get('total_steps'), r.get('epochs'))}"
+          + (", stopped early" if r.get("stopped_early") else "") + ", "
+          + (f"{eps:,.0f} examples/s after warm-up, " if eps else
+             "examples/s: too few steps to measure after warm-up, ")
           + f"input-bound {r['input_bound']:.1%}"
           + (f", test AUC {r['test']['auc']:.4f} logloss {r['test']['logloss']:.4f}"
              if r.get("test") else ""))
@@ -720,8 +796,10 @@ def _tune_command(sub):
     p = sub.add_parser("tune", help="find this host's fastest thread settings and batch size; "
                                     "train and launch then use them")
     p.add_argument("--data", default=None, help="a TFRecord training directory (default: synthesized)")
-    p.add_argument("--rows", type=POSITIVE, default=200_000)
-    p.add_argument("--feature-size", type=POSITIVE, default=100_000)
+    p.add_argument("--rows", type=POSITIVE, default=200_000,
+                   help="rows of the synthesized data (without --data)")
+    p.add_argument("--feature-size", type=POSITIVE, default=100_000,
+                   help="distinct ids of the synthesized data (without --data)")
     p.add_argument("--steps", type=POSITIVE, default=60, help="measured steps per candidate")
     p.add_argument("--repeats", type=POSITIVE, default=3, help="runs per candidate (the median counts)")
     p.add_argument("--out", default=None,
@@ -838,14 +916,19 @@ def _run_command(sub):
                                    "and run them (SageMaker env, TF_CONFIG or flags)")
     p.add_argument("--mode", default=None, help="single|parameter_server|allreduce|mirrored|horovod "
                    "(default: hyperparameter 'ctrtrain_mode', else single)")
-    p.add_argument("--processes-per-host", type=POSITIVE, default=1)
-    p.add_argument("--parameter-servers-per-host", type=POSITIVE, default=1)
-    p.add_argument("--data-service-group", default=None)
+    p.add_argument("--processes-per-host", type=POSITIVE, default=1,
+                   help="training processes on each host")
+    p.add_argument("--parameter-servers-per-host", type=POSITIVE, default=1,
+                   help="mode parameter_server: servers on each host")
+    p.add_argument("--data-service-group", default=None,
+                   help="the instance group whose hosts run the tf.data service for the others "
+                        "(a heterogeneous cluster; default: none)")
     p.add_argument("--processing-mode", choices=["parallel_epochs", "distributed_epoch"],
                    default=None, help="tf.data service processing mode (default: "
                    "distributed_epoch in mode parameter_server, else parallel_epochs)")
     p.add_argument("--hosts", default=None, help="bare machines: comma-separated host names")
-    p.add_argument("--host-index", type=NON_NEGATIVE, default=None)
+    p.add_argument("--host-index", type=NON_NEGATIVE, default=None,
+                   help="with --hosts: this host's place in the list, from 0")
     p.add_argument("--base-port", type=_number(int, 1, 65535), default=2222,
                    help="first port of each host's servers (the same on every host)")
     p.add_argument("--script", default=None, help="entry point script (default: the deepfm recipe)")
@@ -878,10 +961,13 @@ def cmd_run(a):
 def _quickstart_command(sub):
     p = sub.add_parser("quickstart", help="the main job on embedded defaults: synthesize, convert, "
                                           "train, evaluate, export")
-    p.add_argument("--work-dir", default="runs/quickstart")
-    p.add_argument("--rows", type=POSITIVE, default=600_000)
-    p.add_argument("--feature-size", type=POSITIVE, default=100_000)
-    p.add_argument("--epochs", type=_number(float, 0, low_open=True), default=1.0)
+    p.add_argument("--work-dir", default="runs/quickstart",
+                   help="where the data, the model and its export go")
+    p.add_argument("--rows", type=POSITIVE, default=600_000, help="rows to synthesize")
+    p.add_argument("--feature-size", type=POSITIVE, default=100_000,
+                   help="distinct ids of the synthesized data")
+    p.add_argument("--epochs", type=_number(float, 0, low_open=True), default=1.0,
+                   help="passes over the training data")
     p.set_defaults(func=cmd_quickstart)
 
 
@@ -890,12 +976,35 @@ def cmd_quickstart(a):
     quickstart(a.work_dir, rows=a.rows, feature_size=a.feature_size, epochs=a.epochs)
 
 
+# Help of options several commands share, where theirs says no more.
+_COMMON_HELP = {
+    "--overwrite": "replace the output if it exists (else it is refused)",
+    "--work-dir": "where the runs, their data and logs go",
+    "--json": "also write the results here (JSON)",
+}
+VERBOSE_HELP = ("show TensorFlow's start-up and C++ log lines (hidden otherwise), here and in "
+                "the processes this command starts")
+
+
+def subcommands(parser: argparse.ArgumentParser):
+    """(the words of the command, its parser) of `parser` and every sub-command's, depth
+    first."""
+    def walk(p, words):
+        yield words, p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, q in a.choices.items():
+                    yield from walk(q, [*words, name])
+    yield from walk(parser, [parser.prog])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ctrtrain",
         description="Train click-through-rate models (DeepFM) fast, from one process to a cluster.")
     from . import __version__
     parser.add_argument("--version", action="version", version=f"ctrtrain {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _data_commands(sub)
     _train_commands(sub)
@@ -905,15 +1014,25 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_commands(sub)
     _tune_command(sub)
     _quickstart_command(sub)
+    for _, p in subcommands(parser):
+        for a in p._actions:
+            if a.help is None and a.option_strings:
+                a.help = _COMMON_HELP.get(a.option_strings[-1])
+        if p is not parser and not any(isinstance(a, argparse._SubParsersAction)
+                                       for a in p._actions):
+            # `ctrtrain train ... -v` as well as `ctrtrain -v train ...`
+            p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                           help=VERBOSE_HELP)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv  # to re-run the same command (launch's network namespace)
+    from .tf_start import set_verbose
+    set_verbose(args.verbose)   # before anything imports TensorFlow
     try:
         args.func(args)
     except CtrError as e:

@@ -13,16 +13,35 @@ package only while TensorFlow's own `__init__` runs, when ctrtrain was imported 
 stays installed and importable: `tf.keras` and `import keras` load it on first use, as
 TensorFlow's lazy loader always did, so a user's code beside ctrtrain's sees no difference.
 `CTRTRAIN_TF_KERAS=1` turns the hook off.
+
+TensorFlow's start-up banner: its C++ libraries log while `import tensorflow` loads them, before
+anything can configure their logging -- absl's "WARNING: All log messages before
+absl::InitializeLog() is called are written to STDERR", then "oneDNN custom operations are
+on ..." (which TF_CPP_MIN_LOG_LEVEL does not reach), each twice (two libraries hold a copy),
+and the cpu_feature_guard lines. Every command and every process of a job printed them. The
+same hook runs TensorFlow's import with file descriptor 2 (the C++ side's stderr) on a pipe
+whose every line but those (`banner_line`) goes on to stderr as it comes: warnings and errors
+at import, and Python's own, still show. `--verbose` (CTRTRAIN_VERBOSE=1, which the
+processes a command starts inherit) leaves stderr alone and TensorFlow's log level as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import os
+import re
 import sys
+import threading
 
 OFF = "CTRTRAIN_TF_KERAS"
+VERBOSE = "CTRTRAIN_VERBOSE"
+# What TensorFlow's C++ side says at import without being asked: absl's notice, and its
+# informational (I...) lines, with the cpu_feature_guard line's second line.
+_BANNER = re.compile(rb"WARNING: All log messages before absl::InitializeLog\(\) is called"
+                     rb"|I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
+                     rb"|To enable the following instructions: .* rebuild TensorFlow with")
 
 
 class _KerasAfterTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -45,13 +64,116 @@ class _KerasAfterTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         raise ImportError("keras")
 
 
+class _QuietTensorFlow(importlib.abc.MetaPathFinder):
+    """Finds the top-level `tensorflow` package as the import system would, with a loader that
+    runs its import under `banner_filtered` (unless verbose)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow" or verbose():
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _FilteredLoader(spec.loader)
+        return spec
+
+
+class _FilteredLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        # Afterwards the module is as the import system leaves it: its own loader.
+        module.__loader__ = module.__spec__.loader = self.loader
+        with banner_filtered():
+            self.loader.exec_module(module)
+
+    def __getattr__(self, name):     # get_data, is_package, ...: the real loader's
+        return getattr(self.loader, name)
+
+
+def banner_line(line: bytes) -> bool:
+    return bool(_BANNER.match(line.lstrip()))
+
+
+@contextlib.contextmanager
+def banner_filtered():
+    """File descriptor 2 into a pipe while the block runs; a thread passes on to stderr, as it
+    comes, every line but TensorFlow's banner (banner_line). A banner line is still a sign of
+    life: it touches the heartbeat (heartbeat.py), as its output did for a launcher's
+    watchdog, which would otherwise see the whole import (seconds) as silence."""
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:     # no stderr to filter
+        yield
+        return
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+    reader = threading.Thread(target=_pass_on, args=(read, saved), daemon=True,
+                              name="ctrtrain-tf-banner")
+    reader.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)   # closes the pipe's last writing end: the reader sees its end
+        reader.join(timeout=10)
+        if not reader.is_alive():   # else a process started meanwhile holds the pipe
+            os.close(saved)
+
+
+def _pass_on(read: int, out: int) -> None:
+    from . import heartbeat
+    pending = b""
+    with os.fdopen(read, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if banner_line(line):
+                    heartbeat.beat(force=True)
+                else:
+                    os.write(out, line + b"\n")
+    if pending and not banner_line(pending):
+        os.write(out, pending)
+
+
+def verbose() -> bool:
+    """Whether this process shows TensorFlow's own logging as it comes (`ctrtrain
+    --verbose`, inherited by the processes a command starts)."""
+    return os.environ.get(VERBOSE) == "1"
+
+
+def set_verbose(on: bool) -> None:
+    """`--verbose` for this process and those it starts; else TensorFlow's C++ log level at
+    errors (TF_CPP_MIN_LOG_LEVEL 2, unless the environment says), read when TensorFlow loads."""
+    if on:
+        os.environ[VERBOSE] = "1"
+    if not verbose():
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def child_log_env() -> dict[str, str]:
+    """What a job's process gets for TensorFlow's logging: this process's verbosity."""
+    return {VERBOSE: "1"} if verbose() else {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
 def _tensorflow_initializing() -> bool:
     tf = sys.modules.get("tensorflow")
     return bool(tf is not None and getattr(getattr(tf, "__spec__", None), "_initializing", False))
 
 
 def install() -> None:
-    if os.environ.get(OFF) == "1" or "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules:
         return
-    if not any(isinstance(f, _KerasAfterTensorFlow) for f in sys.meta_path):
+    if not any(isinstance(f, _QuietTensorFlow) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlow())
+    if os.environ.get(OFF) != "1" and \
+            not any(isinstance(f, _KerasAfterTensorFlow) for f in sys.meta_path):
         sys.meta_path.insert(0, _KerasAfterTensorFlow())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..tf_start import child_log_env
 from .plan import Process, dispatcher_address
 
 
@@ -16,7 +17,8 @@ def process_env(p: Process, procs: list[Process], cores: int,
     env = {"CTRTRAIN_MODE": str(mode), "CTRTRAIN_ROLE": p.role, "CTRTRAIN_TASK_INDEX": str(p.index),
            "CTRTRAIN_ADDRESS": p.address, "CTRTRAIN_HOST": p.host,
            "LOCAL_RANK": str(p.local_rank),
-           "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CTRTRAIN_NO_PROGRESS": "1"}
+           "PYTHONUNBUFFERED": "1", "CTRTRAIN_NO_PROGRESS": "1"}
+    env.update(child_log_env())    # TensorFlow's banner and log level as the command's (-v)
     if p.tf_config:
         env["TF_CONFIG"] = json.dumps(p.tf_config)
     if p.rank is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import heartbeat
 from ..cluster.sagemaker import container_env
+from ..tf_start import child_log_env
 from .container import bridge_address
 from .horovod import horovod_command, rank_places
 from .images import TOOLKIT_MODULE, Image
@@ -40,8 +41,7 @@ def platform_env(spec: JobSpec, image: Image, host: str) -> dict[str, str]:
            "HOME": "/root", "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
            "PYTHONDONTWRITEBYTECODE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_NO_INDEX": "1", "SAGEMAKER_TRAINING_MODULE": TOOLKIT_MODULE,
-           "TRAINING_JOB_NAME": spec.name, "AWS_REGION": spec.region,
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+           "TRAINING_JOB_NAME": spec.name, "AWS_REGION": spec.region, **child_log_env()}
     wheels = job_wheelhouse(spec, image)
     if wheels:
         # The toolkit's `pip install -r requirements.txt` finds the index's packages here.

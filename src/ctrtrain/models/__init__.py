@@ -35,6 +35,9 @@ class Entry:
     summary: str                # one line for --help and the docs
     reads: tuple[str, ...] = () # the shared model settings it reads
     options: dict = dataclasses.field(default_factory=dict)   # its own: {name: Option}
+    # "module:function" (fields, options) -> its options as it uses them on data declaring
+    # `fields` [(name, kind)]: what it picks where an option leaves it to the data. None: as given.
+    resolve: str | None = None
 
 
 MODELS = {
@@ -83,7 +86,8 @@ MODELS = {
                                           "hist_X, X_hist or X_history)", str),
                      "din_attention_units": Option((80, 40), "hidden widths of the attention "
                                                    "unit (Dice), e.g. 80,40",
-                                                   items(number(int, 1)))}),
+                                                   items(number(int, 1)))},
+                 resolve="din:resolved_options"),
 }
 
 
@@ -93,6 +97,16 @@ def model_class(name: str):
         raise ConfigError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
     module, cls = MODELS[name].where.split(":")
     return getattr(importlib.import_module(f".{module}", __name__), cls)
+
+
+def resolve_options(name: str, options: dict, fields) -> dict:
+    """The options of model `name` as it uses them on data declaring `fields` [(name, kind)]
+    (Entry.resolve), or a ConfigError saying what the data lacks."""
+    entry = MODELS[name]
+    if entry.resolve is None:
+        return dict(options)
+    module, function = entry.resolve.split(":")
+    return getattr(importlib.import_module(f".{module}", __name__), function)(fields, options)
 
 
 def build_model(cfg):

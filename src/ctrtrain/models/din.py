@@ -50,6 +50,13 @@ def din_fields(fields, options) -> tuple[int, int, str, str]:
     return categorical.index(target), bags.index(history), target, history
 
 
+def resolved_options(fields, options) -> dict:
+    """The options as DIN uses them on data declaring `fields`: the history and the candidate
+    named, where the options leave them to the data (models/__init__.py Entry.resolve)."""
+    *_, target, history = din_fields(fields, options)
+    return {**options, "din_sequence": history, "din_target": target}
+
+
 def _pick(option: str, given: str, of_kind: list, kind: str, default, ask: str) -> str:
     """The field an option names, if the data has it as `kind`; else `default` where there is
     one; else a ConfigError asking (`ask`) for the option."""

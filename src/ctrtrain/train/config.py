@@ -389,9 +389,14 @@ def load_config_file(path) -> dict:
 
 
 def resolved_yaml(cfg: TrainConfig) -> str:
-    """The configuration as a file that re-runs it: every setting, nested by section."""
+    """The configuration as a file that re-runs it (`--config`), nested by section: every
+    setting but the model settings the chosen model does not read (other models' options),
+    each as the run resolved it (`auto` made concrete, DIN's fields named)."""
     out: dict = {s: {} for s in SECTIONS}
+    reads = model_reads(cfg.model)
     for f in table():
+        if f.metadata["section"] == "model" and f.name not in reads:
+            continue
         v = getattr(cfg, f.name)
         v = list(v) if isinstance(v, tuple) else str(v) if isinstance(v, str) else v
         out[f.metadata["section"]][f.name] = v
@@ -468,7 +473,7 @@ def _check_model_settings(cfg: TrainConfig):
     entry = MODELS[cfg.model]
     reads = entry.reads + tuple(entry.options)
     for f in table():
-        if f.metadata["section"] != "model" or f.name in reads or f.name in UNIVERSAL:
+        if f.metadata["section"] != "model" or f.name in model_reads(cfg.model):
             continue
         if getattr(cfg, f.name) != f.default:
             has = ", ".join(reads) or "none but " + ", ".join(UNIVERSAL)
@@ -497,6 +502,27 @@ def resolve_shuffle_buffer(cfg: TrainConfig, m) -> int:
         whole = m.files and held <= AUTO_SHUFFLE_BYTES
         cfg.shuffle_buffer = max(m.records, 1) if whole else AUTO_SHUFFLE_RECORDS
     return cfg.shuffle_buffer
+
+
+def resolve_model_options(cfg: TrainConfig, m) -> None:
+    """The chosen model's own options as it uses them on the training data `m` (its declared
+    fields): DIN's history and candidate fields where the options leave them to the data.
+    Trainers call it once, before the model directory records the run's settings, so
+    config.yaml names what was used; a missing field is refused here, before anything is
+    built."""
+    from ..models import resolve_options
+    names = tuple(MODELS[cfg.model].options)
+    fields = tuple((f.name, f.kind) for f in m.schema.fields) if m.schema is not None else ()
+    resolved = resolve_options(cfg.model, {n: getattr(cfg, n) for n in names}, fields)
+    for name in names:
+        setattr(cfg, name, resolved[name])
+
+
+def model_reads(model: str) -> tuple[str, ...]:
+    """The model settings (section `model`) model `model` reads: the universal ones, the
+    shared ones it reads, its own options."""
+    entry = MODELS[model]
+    return UNIVERSAL + entry.reads + tuple(entry.options)
 
 
 def resolve_table_scale(cfg: TrainConfig, m) -> None:

@@ -130,6 +130,10 @@ class Schedule:
     lr_decay: float = 0.0          # the learning rate's factor after an evaluation without one
     keep_best: bool = False        # keep the best model's variables (the trainer's keep_best)
     steps_per_epoch: float | None = None   # to say at which epoch the best model was
+    epochs: float | None = None    # the epochs the run trains, when it counts them (not steps)
+
+    def position(self, step: int, starting: bool = False) -> str:
+        return position(step, self.total_steps, self.epochs, starting)
 
     def next_boundary(self, step: int) -> int:
         """The next step at which the controller must act."""
@@ -138,6 +142,31 @@ class Schedule:
         if self.total_steps is not None:
             cands.append(self.total_steps)
         return min(cands)
+
+
+def position(step: int, total_steps: int | None, epochs: float | None,
+             starting: bool = False) -> str:
+    """Where a run is, for a person: `step 450/900 (epoch 2/3)` when it counts epochs,
+    `step 450/900` when it trains a number of steps, `step 450` when its length is unknown
+    (a Pipe stream). At a step that ends an epoch that epoch is named, unless `starting` (the
+    next one begins there: a run's start). Fractional epochs are shown as fractions
+    (`epoch 0.25/0.5`)."""
+    if not total_steps:
+        return f"step {step}"
+    epoch = epoch_of(step, total_steps, epochs, starting)
+    return f"step {step}/{total_steps}" + (f" (epoch {epoch})" if epoch else "")
+
+
+def epoch_of(step: int, total_steps: int | None, epochs: float | None,
+             starting: bool = False) -> str | None:
+    """`2/3` (position's), or None for a run that does not count epochs."""
+    if not (total_steps and epochs):
+        return None
+    per = total_steps / epochs       # the planned steps of one epoch
+    if epochs != int(epochs):
+        return f"{step / per:.2g}/{epochs:g}"
+    n = math.floor(step / per + 1e-9) + 1 if starting else math.ceil(step / per - 1e-9)
+    return f"{min(max(n, 1), int(epochs))}/{int(epochs)}"
 
 
 @dataclasses.dataclass
@@ -185,7 +214,8 @@ class Controller:
                  "input_bound": window.input_wait_s / busy if busy else 0.0}
             windows.append(w)
             self.log.event("train", **w)
-            pb.set_postfix(loss=f"{w['loss']:.4f}")
+            epoch = epoch_of(step, s.total_steps, s.epochs)
+            pb.set_postfix(loss=f"{w['loss']:.4f}", **({"epoch": epoch} if epoch else {}))
             window, window_t = StepStats(), now
 
         with bar(total=s.total_steps, desc="train", unit="step",
@@ -301,7 +331,8 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
     result = {"step": outcome.step, **result, "stopped_early": outcome.stopped_early,
               "input_wait_s": outcome.input_wait_s, "compute_s": outcome.compute_s,
               "input_bound": outcome.input_bound, "windows": outcome.windows,
-              "examples_per_s": steady_throughput(outcome.windows)}
+              "examples_per_s": steady_throughput(outcome.windows),
+              "epochs": outcome.schedule.epochs if outcome.schedule else None}
     result["valid"] = trainer.evaluate("valid", outcome.step)
     selected = choose_model(cfg, trainer, outcome, result["valid"], log)
     if selected:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..data.index import describe_source, source_files
 from ..errors import ConfigError, DataError
-from .config import (TrainConfig, embedding_width, resolve_shuffle_buffer, resolve_table_scale,
-                     resolve_table_updates)
+from .config import (TrainConfig, embedding_width, resolve_model_options, resolve_shuffle_buffer,
+                     resolve_table_scale, resolve_table_updates)
 from .threads import data_options
 
 
@@ -56,6 +56,7 @@ def check_data(cfg: TrainConfig):
     resolve_table_updates(cfg, feature_size)
     resolve_shuffle_buffer(cfg, m)
     resolve_table_scale(cfg, m)
+    resolve_model_options(cfg, m)
     if m.schema is not None:
         check_bag_memory(m.schema, cfg.batch_size, embedding_width(cfg),
                          "fields" if cfg.input_mode == "Pipe" else describe_source(cfg.train_dir))
@@ -229,4 +230,5 @@ def schedule_of(cfg: TrainConfig, total_steps: int | None, records: int | None,
                     cfg.checkpoint_secs, every["eval_every"], cfg.early_stopping, cfg.eval_test,
                     monitor=cfg.monitor, lr_decay=cfg.lr_decay_on_plateau,
                     keep_best=cfg.export_best and bool(cfg.valid_dir),
-                    steps_per_epoch=records / global_batch if records else None)
+                    steps_per_epoch=records / global_batch if records else None,
+                    epochs=None if cfg.steps or not total_steps else cfg.epochs)

@@ -33,9 +33,10 @@ class MetricsLog:
     settings: the run's settings for TensorBoard's hparams (run_settings)."""
 
     def __init__(self, model_dir: Path, console: bool, enabled: bool = True,
-                 settings: dict | None = None):
+                 settings: dict | None = None, schedule=None):
         self.enabled = enabled    # only the chief of a job writes
         self.console = console and enabled
+        self.schedule = schedule  # console lines say where the run is (step n/N, epoch n/N)
         if enabled:
             self.f = open(model_dir / METRICS, "a")
             self.tensorboard = TensorBoardRuns(model_dir / LOGS, settings or {})
@@ -48,8 +49,11 @@ class MetricsLog:
         self.f.flush()
         self.tensorboard.event(kind, step, fields)
         if self.console:
-            shown = " ".join(f"{k}={_fmt(v)}" for k, v in fields.items() if not isinstance(v, dict))
-            print(f"[{kind}] step {step} {shown}", flush=True)
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in fields.items()
+                             if not isinstance(v, dict) and v is not None)
+            where = self.schedule.position(step, starting=kind == "start") if self.schedule \
+                else f"step {step}"
+            print(f"[{kind}] {where} {shown}".rstrip(), flush=True)
 
     def close(self):
         if self.enabled:

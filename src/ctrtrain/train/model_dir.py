@@ -76,6 +76,9 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
         old = {"table_updates": "lazy", "model": "deepfm", **old}
         if old["model"] == "dcn_v2":    # recorded before dcn_linear: it trained without
             old.setdefault("dcn_linear", False)
+        for k in ("din_sequence", "din_target"):    # recorded as given (''), not as resolved
+            if old.get(k) == "":
+                old[k] = record[k]
         # The fields first: an edited declaration also changes field_size, which says less.
         _check_same_fields(md, old.get("fields"), fields)
         for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size") + TrainConfig.POSITION_FIELDS:

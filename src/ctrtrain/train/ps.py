@@ -142,7 +142,7 @@ def train_parameter_server(cfg, threads) -> dict:
           + ", ".join(f"{k} {v:,}" for k, v in load.items() if "/job:ps" in k), flush=True)
 
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
-    log = MetricsLog(md, not cfg.quiet, settings=run_settings(cfg))
+    log = MetricsLog(md, not cfg.quiet, settings=run_settings(cfg), schedule=schedule)
     announce_resume(log, md, start_step, total_steps)
     announce_model_choice(log, cfg, schedule)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,

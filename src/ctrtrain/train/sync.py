@@ -152,7 +152,8 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     train_steps = stacked_steps_function(replica_step, rt)
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
     heartbeat.beat(force=True)
-    log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief, settings=run_settings(cfg))
+    log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief, settings=run_settings(cfg),
+                     schedule=schedule)
     announce_resume(log, md, start_step, total_steps)
     announce_model_choice(log, cfg, schedule)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
