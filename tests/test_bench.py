@@ -3,9 +3,12 @@ results), and `ctrtrain tune` writing settings that training then uses."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import cli, ctrtrain_here, run_cli
@@ -308,3 +311,97 @@ def test_bench_quality_gives_deepctr_numeric_columns_as_ctrtrain_takes_them(tmp_
     last = json.loads((tmp_path / "scaled.json").read_text())["sets"]["c"]["runs"]["deepctr"][-1]
     assert last["numeric_as"] == "scaled" and last["numeric_columns"] == 13, last
     assert 0.5 < last["test"]["auc"] <= 1.0, last
+
+
+def weighted_libffm_set(root: Path) -> Path:
+    """Train, valid and test splits (400, 100, 100 rows) of libffm text converted as a user
+    converts them (`data convert`, valid and test --like train): f0 holds ids 1 and 2 in every
+    row, id 1 weighted w in [0.2, 2] and id 2 weighted 1 (a weighted multi_hot bag), and a row
+    clicks where w > 1.1: its label is a function of f0's weights alone. f1 is one id of 10-59
+    (categorical), f2 0 to 2 ids of 60-99 of weight 1 (an unweighted bag)."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    for split, n in (("train", 400), ("valid", 100), ("test", 100)):
+        lines = []
+        for _ in range(n):
+            w = rng.uniform(0.2, 2.0)
+            bag = rng.choice(np.arange(60, 100), rng.integers(0, 3), replace=False)
+            pairs = [f"0:1:{w:.4f}", "0:2:1", f"1:{rng.integers(10, 60)}:1",
+                     *(f"2:{i}:1" for i in bag)]
+            lines.append(f"{int(w > 1.1)} " + " ".join(pairs) + "\n")
+        (root / f"{split}.txt").write_text("".join(lines))
+    ctrtrain_here("data", "convert", root / "train.txt", "--out", root / "train",
+                  "--feature-size", 100, "--processes", 1)
+    for split in ("valid", "test"):
+        ctrtrain_here("data", "convert", root / f"{split}.txt", "--out", root / split,
+                      "--like", root / "train", "--processes", 1)
+    return root
+
+
+def test_bench_quality_refuses_what_deepctrs_runner_cannot_feed_before_any_run(tmp_path):
+    """DeepCTR's runner feeds a weighted bag its weights (DeepCTR's weight input, pooled by
+    sum): as they are for a `sum` bag, divided by their sum for a `mean` one (ctrtrain's
+    weighted mean; an empty bag pools to 0). What it cannot feed (a sqrtn bag, a low-rank
+    DCN-v2) `bench quality` refuses before its first run, naming the set, with nothing written;
+    its check is the runner's own, which ctrtrain imports without taking DeepCTR's Keras."""
+    keras = os.environ.get("TF_USE_LEGACY_KERAS")
+    from ctrtrain.bench.deepctr_runner import fed_weights, unfed
+    assert os.environ.get("TF_USE_LEGACY_KERAS") == keras
+    w = np.array([[0.5, 1.5, 0.0], [0.0, 0.0, 0.0]], np.float32)    # 0-padded; an empty bag
+    assert fed_weights(w, "sum").shape == (2, 3, 1)
+    assert fed_weights(w, "sum")[..., 0].tolist() == w.tolist()
+    assert fed_weights(w, "mean")[..., 0].tolist() == [[0.25, 0.75, 0.0], [0.0, 0.0, 0.0]]
+    bag = {"name": "f0", "kind": "multi_hot", "max_len": 3, "pooling": "sum", "weighted": True}
+    assert unfed({"model": "deepfm"}, [bag]) is None
+    assert unfed({"model": "deepfm"}, [{**bag, "pooling": "mean"}]) is None
+    assert unfed({"model": "deepfm"}, [{**bag, "pooling": "sqrtn"}]) == \
+        "f0: DeepCTR has no sqrtn pooling (sum, mean)"
+
+    root = weighted_libffm_set(tmp_path / "ffm")
+    odd = tmp_path / "odd"      # the same rows, f2 declared sqrtn
+    shutil.copytree(root, odd)
+    for split in ("train", "valid", "test"):
+        m = json.loads((odd / split / "manifest.json").read_text())
+        m["fields"][2]["pooling"] = "sqrtn"
+        (odd / split / "manifest.json").write_text(json.dumps(m))
+    common = ("bench", "quality", "--epochs", 1, "--batch-size", 32, "--deepctr-python",
+              tmp_path / "never-started", "--work-dir", tmp_path / "w", "--json",
+              tmp_path / "q.json")
+    code, _, err = cli(*common, "--variants", "auto", "--data", f"ffm={root}",
+                       "--data", f"odd={odd}")
+    assert code == 2 and "odd: --deepctr-python: f2: DeepCTR has no sqrtn pooling" in err, err
+    code, _, err = cli(*common, "--model", "dcn_v2", "--variants", "auto:cross_rank=4",
+                       "--data", f"ffm={root}")
+    assert code == 2 and "ffm: --deepctr-python: DeepCTR's DCN is parallel and full rank" in err
+    assert not (tmp_path / "q.json").exists() and not (tmp_path / "w" / "arrays").exists()
+
+
+@pytest.mark.slow
+def test_deepctr_pools_a_weighted_bag_with_its_weights(tmp_path):
+    """DeepCTR's runner on a converted libffm set: the weighted bag f0 a VarLenSparseFeat fed
+    its weights, pooled by sum as ctrtrain pools it, the unweighted bag f2 without weights.
+    f0's ids are the same in every row and the label a function of its weights alone: only a
+    model fed the weights ranks the test rows (here 0.97-0.99 after 2 epochs over 3 runs; fed
+    the ids alone, 0.47)."""
+    peer = deepctr_python()
+    if peer is None:
+        if os.environ.get("CTRTRAIN_REQUIRE_DEEPCTR"):
+            pytest.fail("CTRTRAIN_REQUIRE_DEEPCTR is set but CTRTRAIN_DEEPCTR_PYTHON is not")
+        pytest.skip("no DeepCTR environment (scripts/deepctr_env.sh)")
+    from ctrtrain.bench import quality
+    from ctrtrain.bench.runner import run_json
+    root = weighted_libffm_set(tmp_path / "ffm")
+    params = {"model": "deepfm", "options": {}, "protocol": "sample", "embedding_size": 4,
+              "deep_layers": [16], "dropout": 0.0, "l2": 0.0, "learning_rate": 0.05,
+              "batch_size": 32, "epochs": 2, "seed": 0, "feature_size": 100}
+    for split in ("train", "valid", "test"):
+        params[split] = str(quality.export_arrays(str(root / split), tmp_path / f"{split}.npz"))
+    train = np.load(params["train"])
+    assert train["bag_weights"].shape == train["bag_ids"].shape == (400, 4)   # f0 2, f2 2
+    runner = Path(quality.__file__).with_name("deepctr_runner.py")
+    last = run_json([peer, str(runner), json.dumps(params)], "DeepCTR", timeout=600)[-1]
+    assert last["columns"] == {"f0": "VarLenSparseFeat b0", "f1": "SparseFeat s0",
+                               "f2": "VarLenSparseFeat b2"}, last
+    assert last["bags"] == {"f0": {"column": "b0", "pooled": "sum", "weights": "b0_w, as given"},
+                            "f2": {"column": "b2", "pooled": "sum", "weights": None}}, last
+    assert last["test"]["auc"] > 0.9, last

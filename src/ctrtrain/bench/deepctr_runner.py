@@ -23,7 +23,13 @@ SparseFeat, a numeric field a DenseFeat of its value, a multi_hot or sequence fi
 VarLenSparseFeat pooled as declared, and for DIN the history a VarLenSparseFeat
 "hist_<target>" that DIN weighs against the target (params["options"]: din_target,
 din_sequence, resolved by ctrtrain). Every id is shifted by one: row 0 is DeepCTR's padding
-(its sequence embeddings mask id 0), where ctrtrain pads bags with -1.
+(its sequence embeddings mask id 0), where ctrtrain pads bags with -1. A weighted bag (a weight
+per id, as libffm's values) is a VarLenSparseFeat with DeepCTR's weight input ("<column>_w",
+weight_norm off: no softmax), pooled by sum: ctrtrain's sum of each id's row times its weight;
+for a `mean` bag the weights are fed divided by their sum, ctrtrain's weighted mean (DeepCTR's
+own weighted mean divides by the count of ids). What the runner cannot feed (`unfed`) is
+refused before anything is built; `ctrtrain bench quality` asks the same of every set before
+its first run.
 """
 
 from __future__ import annotations
@@ -33,10 +39,9 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
 
-import numpy as np  # noqa: E402
+POOLINGS = ("sum", "mean")     # DeepCTR's poolings of a bag (VarLenSparseFeat's combiner)
 
 
 def auc(y, p) -> float:
@@ -58,6 +63,45 @@ def auc(y, p) -> float:
 def logloss(y, p) -> float:
     p = np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def unfed(params: dict, fields: list | None) -> str | None:
+    """Why this runner cannot give DeepCTR the run `params` describes on data of these
+    declared fields (the arrays' `fields`; None: the fixed schema), or None. Plain Python, no
+    TensorFlow: `ctrtrain bench quality` asks it of every set before its first run."""
+    name, options = params.get("model", "deepfm"), params.get("options") or {}
+    if name == "dcn_v2" and (options["cross_structure"] != "parallel" or options["cross_rank"]):
+        return "DeepCTR's DCN is parallel and full rank (DCNMix is its low rank)"
+    if fields is None:
+        return ("DeepCTR's DIN needs declared fields with a history (docs/fields.md)"
+                if name == "din" else None)
+    if params.get("numeric_as", "dense") == "scaled" and any(
+            f["kind"] == "numeric" for f in fields):
+        return ("numeric_as scaled: for the fixed schema only; DeepCTR takes declared numeric "
+                "fields as DenseFeat")
+    history = None
+    if name == "din":
+        target, history = options["din_target"], options["din_sequence"]
+        if target not in [f["name"] for f in fields if f["kind"] == "categorical"] or \
+                history not in [f["name"] for f in fields if f["kind"] == "sequence"]:
+            return (f"DIN: din_target {target!r} must be a categorical field and din_sequence "
+                    f"{history!r} a sequence field of the data")
+    for f in fields:    # DIN's history is pooled by its attention, not as declared
+        if f["kind"] in ("multi_hot", "sequence") and f["name"] != history \
+                and f["pooling"] not in POOLINGS:
+            return f"{f['name']}: DeepCTR has no {f['pooling']} pooling ({', '.join(POOLINGS)})"
+    return None
+
+
+def fed_weights(weights, pooling: str):
+    """DeepCTR's weight input [B, max_len, 1] of a weighted bag pooled by sum, from ctrtrain's
+    bag_weights [B, max_len] (0 at the padding): as they are for `sum`; for `mean` divided by
+    their sum, ctrtrain's weighted mean (0 where they sum to 0: an empty bag pools to 0)."""
+    w = np.asarray(weights, np.float32)
+    if pooling == "mean":
+        total = w.sum(1, keepdims=True)
+        w = np.divide(w, total, out=np.zeros_like(w), where=total != 0)
+    return w[:, :, None]
 
 
 def embedding_dim(params: dict) -> dict:
@@ -119,14 +163,10 @@ def fixed_columns(params: dict, train: dict):
 
 def declared_columns(params: dict, fields: list):
     """Columns of declared fields (module doc) in field order, the function that maps a
-    split's arrays (ids, numeric, bag_ids as ctrtrain's batches lay them out) to their inputs,
-    and what the run records: each field's column."""
+    split's arrays (ids, numeric, bag_ids, bag_weights as ctrtrain's batches lay them out) to
+    their inputs, and what the run records: each field's column, and how each bag is fed and
+    pooled (unfed(params, fields) is None: checked by build)."""
     from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
-
-    if params.get("numeric_as", "dense") == "scaled" and any(
-            f["kind"] == "numeric" for f in fields):
-        raise SystemExit("numeric_as scaled: for the fixed schema only; DeepCTR takes declared "
-                         "numeric fields as DenseFeat")
 
     def sparse(name):       # one table for all, as ctrtrain's; row 0 the padding
         return SparseFeat(name, vocabulary_size=params["feature_size"] + 1,
@@ -137,13 +177,11 @@ def declared_columns(params: dict, fields: list):
     target = history = None
     if params.get("model") == "din":
         target, history = params["options"]["din_target"], params["options"]["din_sequence"]
-        if target not in categorical or history not in [
-                f["name"] for f in fields if f["kind"] == "sequence"]:
-            raise SystemExit(f"DIN: din_target {target!r} must be a categorical field and "
-                             f"din_sequence {history!r} a sequence field of the data")
     bucket = len(categorical)     # the bucket ids follow the categorical ids in `ids`
     numeric = bag = 0
     taken, described = [], {}     # (column, array, where in it); field -> its columns
+    weights, bags = [], {}        # (weight input, its span of bag_weights, pooling); bag ->
+                                  # how it is fed
     for f in fields:
         name, kind, start = f["name"], f["kind"], len(taken)
         if kind == "categorical":
@@ -157,25 +195,40 @@ def declared_columns(params: dict, fields: list):
         else:
             span = slice(bag, bag + f["max_len"])
             bag += f["max_len"]
-            if f.get("weighted"):
-                # DeepCTR's weighted mean divides by the count of ids, not the weights' sum.
-                raise SystemExit(f"{name}: DeepCTR does not pool weighted bags as ctrtrain")
             if name == history:     # DIN finds it by this name; pooled by its attention
-                column = sparse(f"hist_s{categorical.index(target)}")
-            elif f["pooling"] in ("sum", "mean"):
-                column = sparse(f"b{span.start}")
+                column = VarLenSparseFeat(sparse(f"hist_s{categorical.index(target)}"),
+                                          f["max_len"], combiner=f["pooling"])
+                bags[name] = {"column": column.name, "pooled": "DIN's attention",
+                              "weights": None}
+            elif f.get("weighted"):
+                # DeepCTR's weight input (B, max_len, 1), 0 at the padding, which its mask
+                # leaves out too; no softmax (weight_norm). Pooled by sum: ctrtrain's
+                # sum_i w_i e_i, over sum_i w_i for mean (fed so: DeepCTR's weighted mean
+                # divides by the count of ids).
+                column = VarLenSparseFeat(sparse(f"b{span.start}"), f["max_len"],
+                                          combiner="sum", weight_name=f"b{span.start}_w",
+                                          weight_norm=False)
+                weights.append((column.weight_name, span, f["pooling"]))
+                bags[name] = {"column": column.name, "pooled": "sum",
+                              "weights": f"{column.weight_name}, " + (
+                                  "divided by their sum" if f["pooling"] == "mean"
+                                  else "as given")}
             else:
-                raise SystemExit(f"{name}: DeepCTR has no {f['pooling']} pooling (sum, mean)")
-            taken.append((VarLenSparseFeat(column, f["max_len"], combiner=f["pooling"]),
-                          "bag_ids", span))
+                column = VarLenSparseFeat(sparse(f"b{span.start}"), f["max_len"],
+                                          combiner=f["pooling"])
+                bags[name] = {"column": column.name, "pooled": f["pooling"], "weights": None}
+            taken.append((column, "bag_ids", span))
         described[name] = ", ".join(f"{type(c).__name__} {c.name}" for c, _, _ in taken[start:])
 
     def inputs(d):
         # Ids +1: 0 is DeepCTR's padding (ctrtrain's -1); values as they are.
-        return {c.name: d[key][:, where] if key == "numeric" else d[key][:, where] + 1
-                for c, key, where in taken}
+        out = {c.name: d[key][:, where] if key == "numeric" else d[key][:, where] + 1
+               for c, key, where in taken}
+        for weight_name, span, pooling in weights:
+            out[weight_name] = fed_weights(d["bag_weights"][:, span], pooling)
+        return out
 
-    return [c for c, _, _ in taken], inputs, {"columns": described}
+    return [c for c, _, _ in taken], inputs, {"columns": described, "bags": bags}
 
 
 def build(params: dict, train: dict, fields: list | None = None):
@@ -187,8 +240,9 @@ def build(params: dict, train: dict, fields: list | None = None):
     from deepctr.feature_column import get_feature_names
 
     name = params.get("model", "deepfm")
-    if fields is None and name == "din":
-        raise SystemExit("DeepCTR's DIN needs declared fields with a history (docs/fields.md)")
+    why = unfed(params, fields)
+    if why:
+        raise SystemExit(why)
     columns, inputs, facts = (fixed_columns(params, train) if fields is None
                               else declared_columns(params, fields))
     # The sample protocol's settings; with params["protocol"] "defaults", DeepCTR's own
@@ -208,8 +262,6 @@ def build(params: dict, train: dict, fields: list | None = None):
         model = models.WDL(columns, columns, **common)
     elif name == "dcn_v2":
         options = params["options"]
-        if options["cross_structure"] != "parallel" or options["cross_rank"]:
-            raise SystemExit("DeepCTR's DCN is parallel and full rank (DCNMix is its low rank)")
         model = models.DCN(columns, columns, cross_num=options["cross_layers"],
                            cross_parameterization="matrix",
                            **own_l2("l2_reg_cross"), **common)
@@ -294,4 +346,7 @@ def main(params: dict) -> None:
 
 
 if __name__ == "__main__":
+    # Here, not on import: ctrtrain imports `unfed` from this module and must keep its Keras.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     main(json.loads(sys.argv[1]))

@@ -99,6 +99,14 @@ def peer_options(model: str, variants, schema) -> dict:
     return with_din_fields(model, chosen[0], schema)
 
 
+def peer_refusal(params: dict, schema) -> str | None:
+    """Why deepctr_runner.py cannot run DeepCTR with `params` (the model, its options,
+    numeric_as) on data of this declared schema (None: the fixed schema), or None: the
+    runner's own check (deepctr_runner.unfed), asked before any run."""
+    from .deepctr_runner import unfed
+    return unfed(params, None if schema is None else schema.to_json())
+
+
 def with_din_fields(model: str, options: dict, schema) -> dict:
     """The options with, for din, the history and target resolved from the data's declared
     fields (`schema`) as ctrtrain's DIN resolves them: DeepCTR's runner names them."""
@@ -156,8 +164,9 @@ def _ctrtrain_worker(p: dict) -> list[dict]:
 
 def export_arrays(split_dir: str, out: Path, rows: int | None = None) -> Path:
     """A split (its first `rows` records, in file order) as labels/ids/values arrays (read by
-    ctrtrain's own reader) for DeepCTR; with declared fields also its numeric and bag_ids
-    arrays (docs/fields.md, "Batches and serving") and `fields`, the declaration as JSON."""
+    ctrtrain's own reader) for DeepCTR; with declared fields also its numeric, bag_ids and
+    bag_weights arrays (docs/fields.md, "Batches and serving") and `fields`, the declaration
+    as JSON."""
     import numpy as np
 
     from ..input.pipeline import PipelineConfig, dataset_from_dir
@@ -165,7 +174,8 @@ def export_arrays(split_dir: str, out: Path, rows: int | None = None) -> Path:
     if rows is not None:
         ds = ds.unbatch().take(rows).batch(8192)
     keys = {"labels": "label", "ids": "ids", "values": "values", "numeric": "numeric",
-            "bag_ids": "bag_ids"}      # array: batch key (the last two with declared fields)
+            "bag_ids": "bag_ids", "bag_weights": "bag_weights"}   # array: batch key (the last
+                                                                  # three: declared fields)
     parts: dict[str, list] = {}
     for b in ds:
         for k, key in keys.items():
@@ -238,6 +248,7 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
     # an hour into the suite.
     for variant in variants:
         variant_settings(variant)
+    peer = bool(deepctr_python) and model in DEEPCTR_MODELS
     read = {}
     for name, root in datasets:
         splits = {s: str(Path(root) / s) for s in ("train", "valid", "test")}
@@ -247,11 +258,16 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
             raise ConfigError(f"{name}: its training split has {records} records, fewer than "
                               f"one batch of {config['batch_size']}: give --batch-size (for "
                               "every set of the run) or run this set on its own")
-        read[name] = (root, splits, manifests)
-    for name, (root, splits, manifests) in read.items():
-        peer = deepctr_python and model in DEEPCTR_MODELS
-        if peer:    # likewise: what DeepCTR's run trains with
-            options = peer_options(model, variants, manifests["train"].schema)
+        options = None
+        if peer:    # likewise: what DeepCTR's run trains with, and that the runner can feed it
+            schema = manifests["train"].schema
+            options = peer_options(model, variants, schema)
+            why = peer_refusal({**config, "options": options, "numeric_as": peer_numeric},
+                               schema)
+            if why:
+                raise ConfigError(f"{name}: --deepctr-python: {why}")
+        read[name] = (root, splits, manifests, options)
+    for name, (root, splits, manifests, options) in read.items():
         commands = {}       # label: (argv but the parameters, parameters)
         for variant in variants:
             commands[f"ctrtrain {variant}"] = (
