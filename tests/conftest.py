@@ -21,6 +21,14 @@ def shared_data() -> Path:
     return p
 
 
+def pytest_collection_modifyitems(config, items):
+    """A `serial` test runs alone after the 2.21 pass's parallel part (scripts/test.sh); the
+    2.15 pass has no serial part, so a test marked both would never run there."""
+    both = [i.nodeid for i in items if i.get_closest_marker("serial") and i.get_closest_marker("tf215")]
+    if both:
+        raise pytest.UsageError(f"marked both serial and tf215 (scripts/test.sh): {both}")
+
+
 @pytest.fixture(scope="session")
 def shared():
     return shared_data()

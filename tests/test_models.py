@@ -649,36 +649,25 @@ def test_bench_profile_profiles_the_model_named(data, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_train_measures_din_beside_deepctrs_on_declared_fields(history_data, tmp_path):
-    """DIN's speed on declared fields with a history, and DeepCTR's DIN on the same rows, its
-    target the one ctrtrain's DIN trains with (--variants: din_target)."""
-    from test_bench import deepctr_python
-    peer = deepctr_python()
-    if peer is None:
-        pytest.skip("no DeepCTR environment (scripts/deepctr_env.sh)")
-    (tmp_path / "v.yaml").write_text("din: {din_target: C1, din_attention_units: '8'}\n")
-    run_cli("bench", "train", "--data", history_data / "train", "--model", "din", "--variants",
-            tmp_path / "v.yaml", "--steps", 4, "--warmup", 2, "--repeats", 1, "--work-dir",
-            tmp_path / "w", "--json", tmp_path / "b.json", "--deepctr-python", peer)
-    din = json.loads((tmp_path / "b.json").read_text())["variants"]["din"]
-    assert din["examples_per_s"] > 0 and din["deepctr"]["examples_per_s"] > 0
-
-
-@pytest.mark.slow
 def test_bench_train_din_without_data_makes_the_reference_with_a_history(tmp_path):
     """`bench train --model din` on the synthesized reference: one of its categorical fields
-    replaced by a history of up to 20 ids, weighed against C1 (DeepCTR's DIN likewise)."""
+    replaced by a history of up to 20 ids (declared fields), weighed against C1; DeepCTR's DIN
+    on the same rows trains with the target and the options of the variant ctrtrain's DIN
+    trains with (--variants)."""
     from test_bench import deepctr_python
     peer = deepctr_python()
+    (tmp_path / "v.yaml").write_text("din: {din_attention_units: '8'}\n")
     run_cli("bench", "train", "--model", "din", "--rows", 8_000, "--feature-size", 5_000,
-            "--steps", 4, "--warmup", 2, "--repeats", 1, "--work-dir", tmp_path / "w",
-            "--json", tmp_path / "b.json", *(["--deepctr-python", peer] if peer else []))
+            "--variants", tmp_path / "v.yaml", "--steps", 4, "--warmup", 2, "--repeats", 1,
+            "--work-dir", tmp_path / "w", "--json", tmp_path / "b.json",
+            *(["--deepctr-python", peer] if peer else []))
     b = json.loads((tmp_path / "b.json").read_text())
     assert "history-8000-5000-1x20" in b["data"]
     fields = json.loads((Path(b["data"]) / "manifest.json").read_text())["fields"]
     assert fields[-1] == {"name": "S1", "kind": "sequence", "max_len": 20, "pooling": "mean"}
-    din = b["variants"]["reference"]
-    assert din["model"] == "din" and din["settings"] == {"din_target": "C1"}
+    din = b["variants"]["din"]
+    assert din["model"] == "din"
+    assert din["settings"] == {"din_target": "C1", "din_attention_units": "8"}, din["settings"]
     assert din["examples_per_s"] > 0 and (not peer or din["deepctr"]["examples_per_s"] > 0)
 
 
