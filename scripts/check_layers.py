@@ -19,7 +19,8 @@ LAYERS = [
     {"cluster"},
     {"launch"},
     {"recipes"},
-    {"bench", "quickstart"},
+    # Runners of training runs: benchmarks, the quick start, hyperparameter search.
+    {"bench", "quickstart", "search"},
     {"api"},
     # The package's face: its version, the Keras hook, and the Python API by name (api.py,
     # whose functions import what they run when called).

@@ -551,11 +551,6 @@ def cmd_bench_matrix(a):
     run_matrix(matrix, a.work_dir, a.out)
 
 
-def cmd_tune(a):
-    from .bench.tune import tune
-    tune(a.data, a.rows, a.feature_size, a.out, a.steps, a.work_dir, repeats=a.repeats)
-
-
 def cmd_bench_quality(a):
     from .bench.quality import check_bar, run_quality_bench
     from .errors import ConfigError
@@ -642,25 +637,21 @@ def cmd_bench_data(a):
 FLAG_NAMES = {"train_dir": "--train", "valid_dir": "--valid", "test_dir": "--test"}
 
 
-def _train_commands(sub):
+def add_train_settings(p, title=lambda section: section, also: dict | None = None):
+    """The training settings as flags of parser `p`, from the settings table (train/config.py)
+    and a --config file: `train`'s, and each trial's of `tune --search`. Grouped by section
+    (`title` names a section's group); `also`: text appended to a setting's help."""
     from .train.config import SECTIONS, TrainConfig, table
     d = TrainConfig()
-    p = sub.add_parser("train", help="train a model (--model, default DeepFM) on one host (evaluate, "
-                       "checkpoint, export)",
-                       description="Train a CTR model (--model). Every setting has a flag (below, with its "
-                       "default) and a key in a --config file; flags override the file. "
-                       "Re-running the same command resumes from the last checkpoint "
-                       "(--fresh starts over). The resolved configuration is written to "
-                       "<model-dir>/config.yaml and re-runs the same training.")
     p.add_argument("--config", default=argparse.SUPPRESS,
                    help="a YAML configuration: settings by section (data, model, optimizer, "
                         "schedule, distribution, output) or flat")
-    groups = {s: p.add_argument_group(s) for s in SECTIONS}
+    groups = {s: p.add_argument_group(title(s)) for s in SECTIONS}
     for f in table():
         # Unset flags stay out of the namespace (a --config file's value holds), so the
         # formatter does not see the default: the help states it.
-        kw = dict(dest=f.name, default=argparse.SUPPRESS,
-                  help=with_default(f.metadata["help"], getattr(d, f.name)).replace("%", "%%"))
+        text = with_default(f.metadata["help"], getattr(d, f.name)) + (also or {}).get(f.name, "")
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
         flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
         if f.name in FLAG_NAMES:    # data: several paths too, as a shell expands a glob
             kw["nargs"] = "+"
@@ -668,6 +659,26 @@ def _train_commands(sub):
             groups[f.metadata["section"]].add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
             groups[f.metadata["section"]].add_argument(flag, type=_argparse_type(f.metadata["parse"], f.name), **kw)
+
+
+def given_train_settings(a) -> dict:
+    """The training settings `add_train_settings`'s flags and --config file gave: the file's,
+    then the flags' over them ({name: value}, each parsed; the defaults not among them)."""
+    from .train.config import load_config_file, table
+    values = load_config_file(a.config) if hasattr(a, "config") else {}
+    values.update({f.name: getattr(a, f.name) for f in table() if hasattr(a, f.name)})
+    return values
+
+
+def _train_commands(sub):
+    p = sub.add_parser("train", help="train a model (--model, default DeepFM) on one host (evaluate, "
+                       "checkpoint, export)",
+                       description="Train a CTR model (--model). Every setting has a flag (below, with its "
+                       "default) and a key in a --config file; flags override the file. "
+                       "Re-running the same command resumes from the last checkpoint "
+                       "(--fresh starts over). The resolved configuration is written to "
+                       "<model-dir>/config.yaml and re-runs the same training.")
+    add_train_settings(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("predict", help="batch inference with an exported SavedModel")
@@ -716,9 +727,8 @@ def _train_commands(sub):
 def train_config_from_args(a):
     """Defaults < the --config file < flags."""
     from .errors import ConfigError
-    from .train.config import TrainConfig, load_config_file, table
-    values = load_config_file(a.config) if hasattr(a, "config") else {}
-    values.update({f.name: getattr(a, f.name) for f in table() if hasattr(a, f.name)})
+    from .train.config import TrainConfig
+    values = given_train_settings(a)
     for name, flag in (("train_dir", "--train"), ("model_dir", "--model-dir")):
         if not values.get(name):
             raise ConfigError(f"{flag} is required (a flag, or {name} in the --config file)")
@@ -792,20 +802,74 @@ def cmd_evaluate(a):
             print(f"wrote the {what} to {path}")
 
 
+# `tune` without --search (the thread and batch tuning): its options' defaults. They are
+# None in the namespace, so that one given with --search is refused by name.
+TUNE_DEFAULTS = {"rows": 200_000, "feature_size": 100_000, "steps": 60, "repeats": 3}
+SEARCH_TRIALS = 20
+
+
 def _tune_command(sub):
-    p = sub.add_parser("tune", help="find this host's fastest thread settings and batch size; "
-                                    "train and launch then use them")
-    p.add_argument("--data", default=None, help="a TFRecord training directory (default: synthesized)")
-    p.add_argument("--rows", type=POSITIVE, default=200_000,
-                   help="rows of the synthesized data (without --data)")
-    p.add_argument("--feature-size", type=POSITIVE, default=100_000,
-                   help="distinct ids of the synthesized data (without --data)")
-    p.add_argument("--steps", type=POSITIVE, default=60, help="measured steps per candidate")
-    p.add_argument("--repeats", type=POSITIVE, default=3, help="runs per candidate (the median counts)")
-    p.add_argument("--out", default=None,
+    p = sub.add_parser("tune", help="find this host's fastest thread settings and batch size "
+                                    "(train and launch then use them); with --search, search "
+                                    "hyperparameters with Optuna",
+                       description="Without --search: measure the thread settings and batch "
+                       "sizes on this host (fresh training processes) and write the fastest "
+                       "where `train` and `launch` pick them up. With --search SPACE.yaml: a "
+                       "hyperparameter search (Optuna: TPE, trials pruned on the validation "
+                       "metric at each evaluation), each trial a training run under "
+                       "--work-dir, resumable; its settings as `train` takes them (flags and "
+                       "--config; docs/training.md, \"Hyperparameter search\").")
+    p.add_argument("--search", default=None, metavar="SPACE",
+                   help="a search space file (YAML): the metric, the settings to search and "
+                        "their ranges")
+    p.add_argument("--trials", type=POSITIVE, default=None,
+                   help=f"with --search: trials in all, those of an earlier run of the search "
+                        f"counted (default: {SEARCH_TRIALS})")
+    p.add_argument("--work-dir", default=None,
+                   help="where the tuning's runs go, runs/tune if not given; with --search: "
+                        "the search's study, trials and results (default: runs/search)")
+    g = p.add_argument_group("thread and batch tuning (without --search)")
+    g.add_argument("--data", default=None, help="a TFRecord training directory (default: synthesized)")
+    g.add_argument("--rows", type=POSITIVE, default=None,
+                   help=f"rows of the synthesized data (without --data; default: "
+                        f"{TUNE_DEFAULTS['rows']:,})")
+    g.add_argument("--repeats", type=POSITIVE, default=None,
+                   help=f"runs per candidate, the median counts (default: {TUNE_DEFAULTS['repeats']})")
+    g.add_argument("--out", default=None,
                    help="where to write (default: $CTRTRAIN_TUNED or ~/.config/ctrtrain/tuned.json)")
-    p.add_argument("--work-dir", default="runs/tune")
+    # Two settings of `train` are also the tuning's, meaning the same there: the length of a
+    # run and the size of the (synthesized) table.
+    add_train_settings(p, title=lambda section: f"{section} (with --search: each trial's)", also={
+        "steps": f"; without --search: measured steps per candidate (default: "
+                 f"{TUNE_DEFAULTS['steps']})",
+        "feature_size": "; without --search and --data: distinct ids of the synthesized data, "
+                        f"{TUNE_DEFAULTS['feature_size']:,} if not given"})
     p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(a):
+    from .train.config import table
+    given = given_train_settings(a) if a.search else {}   # the --config file read once
+    if a.search:
+        refused = [f"--{n.replace('_', '-')}" for n in ("data", "rows", "repeats", "out")
+                   if getattr(a, n) is not None]
+        if refused:
+            raise ConfigError(f"{', '.join(refused)}: the thread and batch tuning's, not "
+                              "--search's (its training data is --train, as train's)")
+        from .search import run_search
+        run_search(a.search, given, a.trials or SEARCH_TRIALS, a.work_dir or "runs/search")
+        return
+    settings = [n for n in ("config", *(f.name for f in table())) if hasattr(a, n)
+                and n not in ("steps", "feature_size")]
+    if settings or a.trials is not None:
+        flags = [FLAG_NAMES.get(n, "--" + n.replace("_", "-")) for n in settings]
+        raise ConfigError(f"{', '.join(flags + ['--trials'] * (a.trials is not None))}: "
+                          "--search's (a hyperparameter search's settings); the thread and "
+                          "batch tuning trains the reference model")
+    from .bench.tune import tune
+    o = {k: getattr(a, k, None) or v for k, v in TUNE_DEFAULTS.items()}
+    tune(a.data, o["rows"], o["feature_size"], a.out, o["steps"], a.work_dir or "runs/tune",
+         repeats=o["repeats"])
 
 
 def _launch_commands(sub):

@@ -94,3 +94,22 @@ def load_yaml(text: str):
 
     Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     return yaml.load(text, Loader=Strict)
+
+
+def load_yaml_file(path, what: str):
+    """A YAML file read by load_yaml, each way it can fail a ConfigError naming WHAT it was to
+    be ("configuration file", "search space") and the file."""
+    from pathlib import Path
+
+    import yaml
+
+    from .errors import ConfigError
+    p = Path(path)
+    try:
+        return load_yaml(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {p} does not exist") from None
+    except ValueError as e:     # a repeated key
+        raise ConfigError(f"{what} {p}: {e}") from None
+    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {p} is not valid YAML: {str(e)[:200]}") from None

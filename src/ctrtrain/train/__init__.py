@@ -10,9 +10,21 @@ from __future__ import annotations
 
 def train(cfg) -> dict:
     """Trains as `cfg` says, in the mode it names; returns the run's result (result.json)."""
+    from . import tracking
     from .config import check_config
-    from .threads import apply_threads
     check_config(cfg)
+    # Before TensorFlow's import: a tracking server that does not answer is a mistake to
+    # report in a second, not after the data and the model are built.
+    tracking.check_reachable(cfg)
+    try:
+        return _train(cfg)
+    except BaseException as e:
+        tracking.end_unfinished(e)      # the MLflow run of a failed or stopped training
+        raise
+
+
+def _train(cfg) -> dict:
+    from .threads import apply_threads
     threads = apply_threads(cfg.threads)
     from .. import kernels
     kernels.set_enabled(cfg.fused_kernels)

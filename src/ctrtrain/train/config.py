@@ -27,7 +27,7 @@ from ..models import MODELS
 from ..values import boolean as _bool
 from ..values import choice as _choice
 from ..values import drop_rate as _drop_rate
-from ..values import items, load_yaml, number
+from ..values import items, load_yaml_file, number
 from .threads import ThreadConfig
 
 SECTIONS = ("data", "model", "optimizer", "schedule", "distribution", "output")
@@ -283,6 +283,13 @@ class TrainConfig:
                           "checkpoint", _bool)
     fresh: bool = setting(False, "output", "start over: delete the model directory's earlier "
                           "run (default: resume from its last checkpoint)", _bool)
+    mlflow: str | None = setting(
+        None, "output", "track the run in MLflow (docs/training.md): a tracking server's "
+        "URI (http://host:5000), sqlite:///mlflow.db or a directory; the settings, each log "
+        "window's and evaluation's metrics, the result and the exported model", _path)
+    mlflow_experiment: str | None = setting(
+        None, "output", "the MLflow experiment of the run, made if new (default: "
+        "$MLFLOW_EXPERIMENT_NAME, else ctrtrain)", _path)
 
     # Fields that must match for a checkpoint to be resumed: the variables' shapes, and where
     # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
@@ -375,16 +382,8 @@ def settings_from_mapping(raw: dict, where: str) -> dict:
 
 
 def load_config_file(path) -> dict:
-    from pathlib import Path
-    p = Path(path)
-    try:
-        raw = load_yaml(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"configuration file {p} does not exist") from None
-    except ValueError as e:     # a repeated key
-        raise ConfigError(f"configuration file {p}: {e}") from None
-    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as e:
-        raise ConfigError(f"configuration file {p} is not valid YAML: {str(e)[:200]}") from None
+    p = str(path)
+    raw = load_yaml_file(p, "configuration file")
     return settings_from_mapping(raw or {}, str(p))
 
 

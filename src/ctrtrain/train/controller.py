@@ -179,6 +179,9 @@ class Outcome:
     best: dict | None = None       # the best evaluation's record: step, epoch, monitor, valid
     schedule: Schedule | None = None
     ended: float = dataclasses.field(default_factory=time.perf_counter)   # the loop's end
+    # Why the run stopped before its end: early_stopping, or what an evaluation listener
+    # said (a search's pruner: "pruned"); None when it ran to its end.
+    stopped_by: str | None = None
 
     @property
     def input_bound(self) -> float:
@@ -195,7 +198,7 @@ class Controller:
     def run(self) -> Outcome:
         s, t = self.schedule, self.trainer
         start = t.step
-        best, stopped_early = t.best_kept(), False
+        best, stopped_early, stopped_by = t.best_kept(), False, None
         bad_evals = evaluations_since(s, best["step"], start) if best else 0
         windows, totals = [], StepStats()
         window, window_t = StepStats(), time.perf_counter()
@@ -265,13 +268,21 @@ class Controller:
                             decision = STOP
                         elif s.lr_decay:
                             decision = DECAY
+                    # A listener of the evaluation (metrics_log.evaluation_listener: a search's
+                    # pruner) stops the run the way early stopping does.
+                    requested = getattr(self.log, "stop_requested", None)
+                    if r_eval is not None and requested:
+                        decision |= STOP
                     decision = t.agree(decision)     # every process acts at the same step
-                    if decision & DECAY:
+                    if decision & DECAY and not decision & STOP:
                         lr = t.scale_learning_rate(s.lr_decay)
                         self.log.event("lr_decay", step=t.step, learning_rate=lr)
                     if decision & STOP:
                         stopped_early = True
-                        if best is not None:
+                        stopped_by = requested or "early_stopping"
+                        if requested:
+                            self.log.event("stop_requested", step=t.step, reason=requested)
+                        elif best is not None:
                             self.log.event("early_stop", step=t.step, best_step=best["step"],
                                            **{f"best_{s.monitor}": best["valid"][s.monitor]})
                         break
@@ -283,7 +294,7 @@ class Controller:
                     last_ckpt = time.monotonic()
         flush(t.step)
         return Outcome(t.step, stopped_early, windows, totals.input_wait_s, totals.compute_s,
-                       best, s)
+                       best, s, stopped_by=stopped_by)
 
 
 def evaluations_since(s: Schedule, best_step: int, step: int) -> int:
@@ -329,6 +340,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
     trainer.save_final(outcome.step)
     clock.lap("final_checkpoint")
     result = {"step": outcome.step, **result, "stopped_early": outcome.stopped_early,
+              "stopped_by": outcome.stopped_by,
               "input_wait_s": outcome.input_wait_s, "compute_s": outcome.compute_s,
               "input_bound": outcome.input_bound, "windows": outcome.windows,
               "examples_per_s": steady_throughput(outcome.windows),
@@ -361,6 +373,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
     clock.lap("export")
     result["phases_s"] = clock.phases
     (md / RESULT).write_text(json.dumps(result, indent=2) + "\n")
+    log.result(result, md / RESULT)
     log.event("summary", step=outcome.step, **summary_fields(result))
     log.close()
     return result

@@ -11,10 +11,13 @@ x axis is the global step. The train run also holds, per log window, `examples_p
 where a decay on a plateau can change it. What stays constant through a run (its settings,
 the data's sizes, the mode's processes) is no curve: it goes once to the hparams plugin, in
 `logs` itself, where TensorBoard makes the directory one session whose metrics are the
-splits' tags (the HParams tab compares runs by their settings and last figures)."""
+splits' tags (the HParams tab compares runs by their settings and last figures).
+
+With `--mlflow` the same events also go to an MLflow run (tracking.py), in the same spirit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -26,18 +29,40 @@ METRICS = "metrics.jsonl"
 LOGS = "logs"                                           # TensorBoard's, in the model directory
 RUNS = {"train": "train", "valid": "validation", "test": "test"}   # a split's run in LOGS
 HPARAMS_SECTIONS = ("data", "model", "optimizer", "schedule", "distribution")
+# What listens to the validation evaluations of the runs in this process (evaluation_listener).
+_LISTENERS: list = []
+
+
+@contextlib.contextmanager
+def evaluation_listener(listener):
+    """While inside, `listener(step, figures)` is called with each validation evaluation a
+    run of this process logs (the chief's, which writes the log): a hyperparameter search's
+    trial reports them to its pruner (search/). A text it returns asks the run to stop there,
+    the text saying why: the controller stops the run as early stopping does (checkpoint,
+    evaluation, export, result.json's `stopped_by`), so a stopped run is a complete one."""
+    _LISTENERS.append(listener)
+    try:
+        yield listener
+    finally:
+        _LISTENERS.remove(listener)
 
 
 class MetricsLog:
-    """metrics.jsonl (one JSON object per event), TensorBoard summaries, and console lines.
+    """metrics.jsonl (one JSON object per event), TensorBoard summaries, console lines, and
+    an MLflow run where `tracking` (tracking.plan) names one.
     settings: the run's settings for TensorBoard's hparams (run_settings)."""
 
     def __init__(self, model_dir: Path, console: bool, enabled: bool = True,
-                 settings: dict | None = None, schedule=None):
+                 settings: dict | None = None, schedule=None, tracking=None):
         self.enabled = enabled    # only the chief of a job writes
         self.console = console and enabled
         self.schedule = schedule  # console lines say where the run is (step n/N, epoch n/N)
+        self.stop_requested: str | None = None    # by an evaluation listener, and why
+        self.mlflow = None
         if enabled:
+            if tracking is not None:    # first: a store that refuses the run stops it here
+                from .tracking import MlflowRun
+                self.mlflow = MlflowRun(tracking, model_dir, self.console)
             self.f = open(model_dir / METRICS, "a")
             self.tensorboard = TensorBoardRuns(model_dir / LOGS, settings or {})
 
@@ -48,17 +73,31 @@ class MetricsLog:
         self.f.write(json.dumps(rec, default=_jsonable) + "\n")
         self.f.flush()
         self.tensorboard.event(kind, step, fields)
+        if self.mlflow:
+            self.mlflow.event(kind, step, fields)
         if self.console:
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in fields.items()
                              if not isinstance(v, dict) and v is not None)
             where = self.schedule.position(step, starting=kind == "start") if self.schedule \
                 else f"step {step}"
             print(f"[{kind}] {where} {shown}".rstrip(), flush=True)
+        if kind == "eval" and fields.get("split") == "valid":
+            for listener in list(_LISTENERS):
+                why = listener(step, fields)
+                self.stop_requested = self.stop_requested or why
+
+    def result(self, result: dict, path: Path):
+        """The run's result, as written to `path` (result.json), to MLflow: its numbers and
+        the file (metrics.jsonl's summary event has the headline figures)."""
+        if self.mlflow:
+            self.mlflow.result(result, path, result["step"])
 
     def close(self):
         if self.enabled:
             self.f.close()
             self.tensorboard.close()
+            if self.mlflow:
+                self.mlflow.close()
 
 
 class TensorBoardRuns:

@@ -36,6 +36,7 @@ import tensorflow as tf
 from ..errors import ConfigError
 from .. import heartbeat
 from ..data.index import describe_source
+from . import tracking
 from .config import model_config, optimizer_params
 from .controller import ChiefActions, Controller, StepStats, announce_model_choice, finish
 from .inputs import (check_data, planned_steps, positive_rate, schedule_of, train_read_error,
@@ -142,7 +143,8 @@ def train_parameter_server(cfg, threads) -> dict:
           + ", ".join(f"{k} {v:,}" for k, v in load.items() if "/job:ps" in k), flush=True)
 
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
-    log = MetricsLog(md, not cfg.quiet, settings=run_settings(cfg), schedule=schedule)
+    log = MetricsLog(md, not cfg.quiet, settings=run_settings(cfg), schedule=schedule,
+                     tracking=tracking.plan(cfg))
     announce_resume(log, md, start_step, total_steps)
     announce_model_choice(log, cfg, schedule)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,

@@ -16,6 +16,7 @@ import time
 from .. import heartbeat
 from ..data.index import describe_source
 from ..errors import ConfigError
+from . import tracking
 from .config import TrainConfig, model_config, optimizer_params
 from .controller import ChiefActions, Controller, StepStats, announce_model_choice, finish
 from .inputs import (check_data, local_records, planned_steps, positive_rate, schedule_of,
@@ -153,7 +154,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     manager, start_step = restore_checkpoint(cfg, md, model, opt)
     heartbeat.beat(force=True)
     log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief, settings=run_settings(cfg),
-                     schedule=schedule)
+                     schedule=schedule, tracking=tracking.plan(cfg))
     announce_resume(log, md, start_step, total_steps)
     announce_model_choice(log, cfg, schedule)
     log.event("start", step=start_step, total_steps=total_steps, resumed=start_step > 0,
