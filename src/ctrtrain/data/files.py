@@ -206,6 +206,17 @@ def remove_tree(path: str | os.PathLike) -> None:
     shutil.rmtree(path)
 
 
+def write_figure(fig, path) -> None:
+    """A matplotlib figure as a PNG under `path`, written whole (staged), then closed (pyplot
+    keeps every open figure alive)."""
+    import matplotlib.pyplot as plt
+    try:
+        with staged(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+
+
 @contextlib.contextmanager
 def staged(path: str | os.PathLike, mode: str = "wb"):
     """Write-then-rename: a file object whose contents appear under `path` only when the

@@ -122,7 +122,7 @@ def plot_trials(table: list[dict], space: Space, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..data.files import staged
+    from ..data.files import write_figure
     metric, better = space.metric, max if space.direction == "maximize" else min
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for state, style in (("COMPLETE", dict(marker="o", color="tab:blue", ls="")),
@@ -150,11 +150,7 @@ def plot_trials(table: list[dict], space: Space, path: Path) -> None:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        with staged(path, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
-    finally:
-        plt.close(fig)
+    write_figure(fig, path)
 
 
 def best_settings(best, space: Space, settings: dict) -> dict:

@@ -303,7 +303,7 @@ def plot_reliability(report: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..data.files import staged
+    from ..data.files import write_figure
     cal = report["calibration"]
     table = [b for b in cal["table"] if b["count"]]
     fig, (top, low) = plt.subplots(2, 1, figsize=(5.5, 6.5), sharex=True,
@@ -324,11 +324,7 @@ def plot_reliability(report: dict, path: str) -> None:
     low.set_xlabel("mean prediction (bins of equal width)")
     low.set_ylabel("rows")
     fig.tight_layout()
-    try:
-        with staged(path, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
-    finally:
-        plt.close(fig)
+    write_figure(fig, path)
 
 
 def format_report(report: dict) -> str:
