@@ -195,22 +195,26 @@ def test_each_model_computes_its_papers_logit(name, options):
     assert l2 == 0.0
 
 
+@pytest.mark.parametrize("numeric_input", ["value", "both"])
 @pytest.mark.parametrize("name,options", [
     ("deepfm", {}), ("wide_deep", {}), ("dcn_v2", {}), ("dcn_v2", {"dcn_linear": False}),
     ("xdeepfm", {"cin_layers": (3, 2)}), ("autoint", {"attention_layers": 2}),
     ("din", {"din_attention_units": (5, 2)})])
-def test_numeric_values_enter_each_deep_model_as_deepctrs_densefeat(name, options):
+def test_numeric_values_enter_each_deep_model_as_deepctrs_densefeat(name, options, numeric_input):
     """numeric_input value: the numeric field has no row and no slot; its value follows the
     embeddings in the MLP's input (DCN-v2: in x0, which both the cross network and the MLP
     read; AutoInt: beside the attention's output) and meets a weight of its own in the linear
-    part, never FM's, the CIN's or the attention's interactions (DeepCTR's DenseFeat)."""
+    part, never FM's, the CIN's or the attention's interactions (DeepCTR's DenseFeat).
+    numeric_input both: the field keeps its row and slot (its row times its value in every
+    block, its column 0 the linear weight) and its value follows the embeddings as well."""
     from ctrtrain.models import build_model
     from ctrtrain.models.base import ModelConfig
+    both = numeric_input == "both"
     m = build_model(ModelConfig(feature_size=10, field_size=4, embedding_size=3, numeric_fields=1,
-                                numeric_input="value", deep_layers=(5, 4), bags=((3, "sum"),),
-                                initial_bias=0.25, fields=FIELDS, model=name, seed=1,
-                                options=options))
-    assert m.table.shape[0] == 10                     # no row for the numeric field
+                                numeric_input=numeric_input, deep_layers=(5, 4),
+                                bags=((3, "sum"),), initial_bias=0.25, fields=FIELDS, model=name,
+                                seed=1, options=options))
+    assert m.table.shape[0] == (11 if both else 10)   # a row for the numeric field, or none
     m.table.assign(tf.random.normal(m.table.shape, seed=2))
     for v in m.dense_variables()[1:]:
         v.assign(tf.random.normal(v.shape, stddev=0.3, seed=3))
@@ -220,15 +224,18 @@ def test_numeric_values_enter_each_deep_model_as_deepctrs_densefeat(name, option
     f = features()
     x = f["numeric"].numpy()
     table = m.table.numpy()
-    padded = np.concatenate([table, np.zeros((1, table.shape[1]), np.float32)])
-    four = slots(padded, f)                                 # the numeric slot all zeros
-    s = four[:, [0, 1, 3]]                                  # C1, C2, the bag
+    padded = table if both else np.concatenate([table, np.zeros((1, table.shape[1]), np.float32)])
+    four = slots(padded, f)                       # without a row, the numeric slot all zeros
+    kept = [0, 1, 2, 3] if both else [0, 1, 3]    # C1, C2, (I1,) the bag
+    s = four[:, kept]
     fo = table.shape[1] == 4
-    first = s[:, :, 0].sum(1) + (x @ m.numeric_linear.kernel.numpy())[:, 0] if fo else 0.0
-    assert (m.numeric_linear is not None) == fo
+    assert (m.numeric_linear is not None) == (fo and not both)
+    first = 0.0
+    if fo:
+        first = s[:, :, 0].sum(1) + (0 if both else (x @ m.numeric_linear.kernel.numpy())[:, 0])
     e = s[:, :, 1:] if fo else s
     deep_in = np.concatenate([s.reshape(len(s), -1), x], 1)
-    no_first = np.concatenate([np.tile([0.0] + [1.0] * 3, 3), [1.0]])[:, None]
+    no_first = np.concatenate([np.tile([0.0] + [1.0] * 3, len(kept)), [1.0]])[:, None]
     if name == "deepfm":
         fm = 0.5 * ((e.sum(1) ** 2) - (e ** 2).sum(1)).sum(1)
         want = first + fm + np_mlp(m.mlp, deep_in, no_first)[:, 0]
@@ -243,7 +250,7 @@ def test_numeric_values_enter_each_deep_model_as_deepctrs_densefeat(name, option
             a = np_attention(layer, a)
         want = np_mlp(m.out, np.concatenate([a.reshape(len(a), -1), x], 1))[:, 0]
     elif name == "din":
-        block = np_din_block(m, four, f)[:, [0, 1, 3]]
+        block = np_din_block(m, four, f)[:, kept]
         want = np_mlp(m.mlp, np.concatenate([block.reshape(len(s), -1), x], 1))[:, 0]
     else:
         x0 = np.concatenate([e.reshape(len(s), -1), x], 1)
@@ -487,10 +494,12 @@ def small(model) -> dict:
     # xDeepFM's CIN and DLRM's top MLP (over 39 fields' 741 dot products) cost most.
     own = {"xdeepfm": {"cin_layers": "16,16"}, "dlrm": {"deep_layers": "64"},
            "din": {"din_target": "C1", "din_attention_units": "8", "deep_layers": "64"}}
-    # Declared numeric fields as values (no rows, a dense linear weight) in three of the
-    # models, so that every mode's family job, and DIN's resume, export and predict on its
-    # declared fields, train them that way; the others (and DeepFM's runs) as embeddings.
-    values = {"numeric_input": "value"} if model in ("wide_deep", "dcn_v2", "din") else {}
+    # Declared numeric fields as values (no rows, a dense linear weight) in two of the
+    # models and as both (rows, and the values in x0) in DCN-v2, so that every mode's family
+    # job, and DIN's resume, export and predict on its declared fields, train them that way;
+    # the others (and DeepFM's runs) as embeddings.
+    values = {"numeric_input": "value"} if model in ("wide_deep", "din") else \
+        {"numeric_input": "both"} if model == "dcn_v2" else {}
     return {**out, **own.get(model, {}), **values}
 
 

@@ -30,7 +30,7 @@ class AutoInt(CTRModel):
                                              o["attention_residual"], seed=cfg.seed + 2 + i,
                                              name=f"attention_{i}"))
             width = o["attention_heads"] * o["attention_size"]
-        self.out = MLP(cfg.slots * width + cfg.numeric_values, [1], seed=cfg.seed + 1, name="out")
+        self.out = MLP(cfg.slots * width + cfg.numeric_appended, [1], seed=cfg.seed + 1, name="out")
         return self.layers + [self.out]
 
     def terms(self, embedded, training):

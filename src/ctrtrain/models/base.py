@@ -38,7 +38,9 @@ class ModelConfig:
                                        # table each (feature_size + j) times the value, in
                                        # every block; "value", the value itself into the deep
                                        # part's input (and a weight times it into the linear
-                                       # part), as DeepCTR's DenseFeat: no row, no slot
+                                       # part), as DeepCTR's DenseFeat: no row, no slot;
+                                       # "both", the row times the value in every block and
+                                       # the value itself into the deep part's input too
     bags: tuple[tuple[int, str], ...] = ()   # (max_len, pooling) of each multi_hot or
                                              # sequence field, in field order
     fields: tuple[tuple[str, str], ...] = ()   # declared fields' (name, kind), in declaration
@@ -47,15 +49,20 @@ class ModelConfig:
     options: dict = dataclasses.field(default_factory=dict)   # the model's own options
 
     @property
-    def numeric_values(self) -> int:
-        """The numeric fields that enter as values (numeric_input value): none has a slot in
-        the embedded block."""
+    def numeric_slotless(self) -> int:
+        """The numeric fields without a row or a slot in the embedded block (numeric_input
+        value)."""
         return self.numeric_fields if self.numeric_input == "value" else 0
+
+    @property
+    def numeric_appended(self) -> int:
+        """The numeric values appended to the deep part's input (numeric_input value, both)."""
+        return self.numeric_fields if self.numeric_input in ("value", "both") else 0
 
     @property
     def slots(self) -> int:
         """The embedded block's slots (fields that have one)."""
-        return self.field_size - self.numeric_values
+        return self.field_size - self.numeric_slotless
 
     def rates(self) -> tuple[float, ...]:
         d = self.dropout
@@ -94,11 +101,12 @@ class CTRModel(tf.Module):
         # instead of spending themselves on moving the bias from 0.5.
         self.bias = tf.Variable(float(cfg.initial_bias), name="bias")
         self.blocks = self.build(cfg)
-        # Numeric values in a model with a linear part: a weight times each value there, as
-        # the table's column 0 is for ids (DeepCTR's linear part over its DenseFeat).
+        # Numeric values without rows in a model with a linear part: a weight times each value
+        # there, as the table's column 0 is for ids (DeepCTR's linear part over its DenseFeat).
+        # With rows (numeric_input both) their column 0 is that weight.
         self.numeric_linear = None
-        if cfg.numeric_values and self.first_order:
-            self.numeric_linear = NumericLinear(cfg.numeric_values)
+        if cfg.numeric_slotless and self.first_order:
+            self.numeric_linear = NumericLinear(cfg.numeric_slotless)
             self.blocks.append(self.numeric_linear)
 
     def build(self, cfg: ModelConfig) -> list:

@@ -74,7 +74,7 @@ def mlp_over_fields(cfg, first_order: bool, out: int | None = 1, seed: int = 1):
     first-order column the first kernel's rows facing it are held at zero, so the MLP sees the
     embeddings alone and nothing slices the block (see first_and_fm). `seed`: added to the
     model's seed."""
-    k, n = cfg.embedding_size, cfg.numeric_values
+    k, n = cfg.embedding_size, cfg.numeric_appended
     width = cfg.slots * (int(first_order) + k) + n
     mask = None
     if first_order:

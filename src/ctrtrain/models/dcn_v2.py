@@ -1,7 +1,8 @@
 """DCN-v2 (Wang et al., 2021, "DCN V2: Improved Deep & Cross Network").
 
 x0 = concat_f e_f (the embeddings, e_f = V[id_f] x_f; a numeric field's row scaled by its value,
-     or with numeric_input value its value itself, after the embeddings, as DeepCTR's DCN)
+     or with numeric_input value its value itself, after the embeddings, as DeepCTR's DCN;
+     with both, the scaled row and the value after the embeddings)
 cross layer l: x_{l+1} = x0 * (W_l x_l + b_l) + x_l          (W_l d x d, or U_l V_l^T of rank r)
 parallel: logit = bias + [linear] + w^T [x_L ; MLP(x0)]      (the default)
 stacked:  logit = bias + [linear] + MLP(x_L), the MLP ending in one linear unit
@@ -34,7 +35,7 @@ class DCNv2(CTRModel):
 
     def build(self, cfg):
         o = self.options
-        width = cfg.slots * cfg.embedding_size + cfg.numeric_values
+        width = cfg.slots * cfg.embedding_size + cfg.numeric_appended
         self.stacked = o["cross_structure"] == "stacked"
         self.cross = CrossNetwork(width, o["cross_layers"], o["cross_rank"], seed=cfg.seed + 2)
         # Stacked, the MLP reads x_L (the embeddings alone); parallel, the block, the weights'

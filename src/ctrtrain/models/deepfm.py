@@ -6,7 +6,9 @@ logit = bias + sum_f w[id_f] x_f                           (first order)
 
 With numeric_input value a numeric field has no e_f: its value enters the MLP's input itself
 (after the embeddings) and the first order as w_j x_j (models/base.py), not the FM term, as
-DeepCTR's DenseFeat. Wide & Deep, DCN-v2, xDeepFM, AutoInt and DIN read it the same way.
+DeepCTR's DenseFeat; with numeric_input both it keeps its e_f everywhere and its value also
+follows the embeddings in the MLP's input. Wide & Deep, DCN-v2, xDeepFM, AutoInt and DIN read
+it the same way.
 
 w and V share the table (column 0 is w: engine/tables.py). The MLP reads the whole
 [B, F, 1 + k] block through a first kernel whose rows facing column 0 (w) are held at zero by a

@@ -76,7 +76,7 @@ class DIN(CTRModel):
         k = cfg.embedding_size
         self.attention = TargetAttention(k, self.options["din_attention_units"],
                                          seed=cfg.seed + 2)
-        self.mlp = MLP(cfg.slots * k + cfg.numeric_values, list(cfg.deep_layers) + [1], cfg.rates(),
+        self.mlp = MLP(cfg.slots * k + cfg.numeric_appended, list(cfg.deep_layers) + [1], cfg.rates(),
                        cfg.batch_norm, seed=cfg.seed + 1, mixed_precision=cfg.mixed_precision,
                        xla=cfg.xla)
         return [self.attention, self.mlp]

@@ -182,7 +182,9 @@ class TrainConfig:
                                  "deep models: embedding (a row of the table times the value, "
                                  "in every block) | value (the value itself into the MLP's "
                                  "input and a weight times it into the linear part, as "
-                                 "DeepCTR's DenseFeat)", _choice("embedding", "value"))
+                                 "DeepCTR's DenseFeat) | both (the row times the value in "
+                                 "every block, and the value into the deep part's input "
+                                 "too)", _choice("embedding", "value", "both"))
     output_bias: str = setting("prior", "model", "the output bias at the start: prior (the "
                                "logit of the training data's positive rate) | zero",
                                _choice("prior", "zero"))

@@ -15,7 +15,8 @@ Declared fields (data/schema.py) enter the same block, one slot per field:
   - a numeric field (numeric_input embedding) is a row of its own (after the data's ids:
     feature_size + j) scaled by its value, as the paper's dense features (and the fixed
     schema's value per id) are; with numeric_input value it has neither row nor slot, and
-    the models read its value (Embedded.numeric, deep_input);
+    the models read its value (Embedded.numeric, deep_input); with both, its row and slot
+    and its value in deep_input too;
   - a multi_hot or sequence field is the pooled sum of its ids' rows times their weights
     (divided by the weights' sum for `mean`, by the root of their squares' sum for `sqrtn`; 0
     for an empty bag). Its ids join the batch's one de-duplication, so a bag costs O(its ids),
@@ -40,15 +41,17 @@ class Embedded:
     """A batch's looked-up fields: `block` [B, F, width], each field's row times its value (a
     bag's pooled rows), fields in the data's order (single ids, numeric, bags); `numeric` the
     declared numeric fields' values [B, n] as the data holds them (None without any), whose
-    slots in the block start at `numeric_at`. `lookup` (the table's _Lookup) lets a model read
+    slots in the block start at `numeric_at` (None: they have none), and which the deep part's
+    input takes as they are where `append_values`. `lookup` (the table's _Lookup) lets a model read
     past the block: a single field's rows, a bag's rows unpooled, the block with a bag's slot
     replaced -- each straight from the batch's distinct rows, so that its gradient reaches them
     in one pass, not through slices of the block."""
 
     def __init__(self, block, first_order: bool, numeric=None, numeric_at: int | None = 0,
-                 lookup=None):
+                 lookup=None, append_values: bool = False):
         self.block, self.first_order = block, first_order
         self.numeric, self.numeric_at = numeric, numeric_at   # numeric_at None: no slots
+        self.append_values = append_values and numeric is not None
         self._lookup = lookup
 
     def categorical(self):
@@ -72,8 +75,8 @@ class Embedded:
         return tf.reshape(self.block, [-1, self.block.shape[1] * self.block.shape[2]])
 
     def with_values(self, x):
-        """x [B, d] followed by the numeric values where they enter as values (no slots)."""
-        if self.numeric is None or self.numeric_at is not None:
+        """x [B, d] followed by the numeric values where they enter as values."""
+        if not self.append_values:
             return x
         return tf.concat([x, self.numeric], 1)
 
@@ -150,7 +153,7 @@ class EmbeddingTable(tf.Module):
         self.width = int(first_order) + k
         std = EMBEDDING_INIT if cfg.embedding_init is None else cfg.embedding_init
         init_v = tf.random_normal_initializer(0.0, std, seed=cfg.seed)
-        rows = cfg.feature_size + cfg.numeric_fields - cfg.numeric_values
+        rows = cfg.feature_size + cfg.numeric_fields - cfg.numeric_slotless
         if first_order:
             init = lambda: tf.concat([tf.zeros([rows, 1]), init_v([rows, k])], 1)  # noqa: E731
         else:
@@ -174,8 +177,8 @@ class EmbeddingTable(tf.Module):
         the rows as stored."""
         cfg, width = self.cfg, self.width
         ids, values = features["ids"], features["values"]
-        numeric_at = ids.shape[1] if not cfg.numeric_values else None
-        if cfg.numeric_fields and not cfg.numeric_values:
+        numeric_at = ids.shape[1] if not cfg.numeric_slotless else None
+        if cfg.numeric_fields and not cfg.numeric_slotless:
             numeric = features["numeric"]
             rows_of_numeric = tf.range(cfg.feature_size, cfg.feature_size + cfg.numeric_fields,
                                        dtype=ids.dtype)
@@ -222,7 +225,8 @@ class EmbeddingTable(tf.Module):
             lookup.bag_ids, lookup.held, lookup.where_held = bag_ids, held, where_held
             lookup.pooled, lookup.lengths = pooled, tuple(max_len for max_len, _ in cfg.bags)
         return Embedded(scaled, self.first_order,
-                        features["numeric"] if cfg.numeric_fields else None, numeric_at, lookup)
+                        features["numeric"] if cfg.numeric_fields else None, numeric_at, lookup,
+                        append_values=bool(cfg.numeric_appended))
 
     def _pooled(self, bag_weights, held, held_rows, batch):
         """[B, bags, width]: each bag's rows (one per held id, `held` its (row, column))
