@@ -942,6 +942,12 @@ def _images_commands(sub):
         q = isub.add_parser(name, help=what)
         q.add_argument("framework_version", help="a TensorFlow release series, e.g. 2.14")
         q.add_argument("--py-version", default=None, help="e.g. py311 (default: this Python's)")
+        if name == "build":
+            q.add_argument("--horovod", action="store_true",
+                           help="with Horovod 0.28.1 (Gloo) compiled against the image's "
+                                "TensorFlow, as a job with distribution mpi needs (added to a "
+                                "built image that lacks it; TensorFlow 2.9 to 2.18, needs g++ "
+                                "and cmake < 4; minutes, the wheel kept in the cache)")
         q.set_defaults(func=cmd_images_build if name == "build" else cmd_images_remove)
 
 
@@ -966,8 +972,9 @@ def cmd_images_list(a):
 
 def cmd_images_build(a):
     from .launch.image_build import ensure_image
-    image = ensure_image(a.framework_version, a.py_version)
-    print(f"image {image.framework_version} ({image.py_version}): {image.python}")
+    image = ensure_image(a.framework_version, a.py_version, horovod=a.horovod)
+    print(f"image {image.framework_version} ({image.py_version}): {image.python}"
+          + (f", Horovod {image.horovod}" if image.horovod else ""))
 
 
 def cmd_images_remove(a):

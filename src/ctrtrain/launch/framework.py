@@ -121,8 +121,10 @@ def start_mpi(spec, sup, image, mpi_hosts, boxes, hyperparameters, channel_modes
     into each host's layer first."""
     if image.horovod is None:
         raise JobFailed(f"job {spec.name}: distribution mpi runs Horovod, which the "
-                        f"{image.framework_version} image ({image.python}) does not have; the "
-                        "2.15 image has it (`bash scripts/horovod_env.sh`)")
+                        f"{image.framework_version} image ({image.python}) does not have; "
+                        f"`ctrtrain images build {image.framework_version} --py-version "
+                        f"{image.py_version} --horovod` compiles it in (`ctrtrain launch` "
+                        "does so on demand, outside the job's namespaces)")
     fp = spec.framework_params
     per_host = fp.get("sagemaker_mpi_num_of_processes_per_host", 1)
     exports, ignored = mpi_options(fp.get("sagemaker_mpi_custom_mpi_options", ""))

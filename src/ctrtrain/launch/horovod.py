@@ -46,7 +46,13 @@ def horovod_command(ranks: list[dict], run_dir: Path, image: Image | None = None
     table = run_dir / "logs" / "horovod-ranks.json"
     table.write_text(json.dumps(ranks))
     n = len(ranks)
-    python = image.python if image else sys.executable
-    runner = str(Path(image.bin_dir) / "horovodrun") if image else horovodrun()
+    if image:
+        # The shim by its file: an image built on demand has no ctrtrain installed (the shim
+        # needs only the standard library, and runs on the machine, before its rank's box).
+        from . import hvd_rank
+        runner = str(Path(image.bin_dir) / "horovodrun")
+        shim = [image.python, "-I", hvd_rank.__file__]   # -I: not the launch folder on sys.path
+    else:
+        runner, shim = horovodrun(), [sys.executable, "-m", "ctrtrain.launch.hvd_rank"]
     return [runner, "--gloo", "-np", str(n), "-H", f"localhost:{n}",
-            "--network-interface", "lo", python, "-m", "ctrtrain.launch.hvd_rank", str(table)]
+            "--network-interface", "lo", *shim, str(table)]

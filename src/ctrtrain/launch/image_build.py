@@ -12,11 +12,21 @@ container of that version holds for a training script:
   (sagemaker-tensorflow-training, without its dependency pins, as in the project's images);
 - SageMaker's PipeModeDataset (sagemaker-tensorflow X.Y, its C++ op built for that
   TensorFlow) where AWS published a cp310 wheel of it (2.11 to 2.14), whose files do not
-  depend on the Python version.
+  depend on the Python version;
+- Horovod 0.28.1 (Gloo, no MPI), for a job with SageMaker's `mpi` distribution (or
+  `ctrtrain images build X.Y --horovod`): compiled from PyPI's source against the image's own
+  TensorFlow and Python, as scripts/horovod_env.sh does for the 2.15 image, with g++ and
+  cmake < 4 (minutes: 2.9 on py310 took 203 s on 2 busy cores), as the build's last two steps;
+  an image built before without Horovod gets those two steps added, under the same lock and
+  incomplete marker. The wheel is kept in the cache (wheels/horovod-0.28.1-tf<version>-pyNNN/,
+  e.g. tf2.9.3-py310), so a rebuilt image only installs it. Horovod 0.28.1 builds against
+  TensorFlow HOROVOD_TF (2.9 to 2.18: tried 2.9 on py310, 2.13 and 2.18 on py311); other
+  versions, and a machine without g++ or without cmake < 4, are refused by horovod_blockers,
+  in a moment, before anything is built.
 
-Horovod stays in the 2.15 image (scripts/horovod_env.sh). A build shows pip's progress and
-its time; it runs under a lock, is marked incomplete until its last step (an interrupted
-build is rebuilt, never used), and is reused by every later launch."""
+A build shows pip's progress and its time; it runs under a lock, is marked incomplete until
+its last step (an interrupted build is rebuilt, never used), and is reused by every later
+launch."""
 
 from __future__ import annotations
 
@@ -28,15 +38,27 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..data.files import remove_tree
 from ..data.manifest import INCOMPLETE_NAME
+from .cache import cache_dir
 from .images import Image, find_image, image_dir, probe
 
 TOOLKIT_ENTRY = "sagemaker-tensorflow-training==20.5.0"
+HOROVOD = "0.28.1"
+# The TensorFlow releases Horovod 0.28.1 compiles against (its C++ ops use TensorFlow's
+# headers): tried here in the images of 2.9 (py310), 2.13 (py311), 2.15 (py311, .venv-hvd) and
+# 2.18 (py311: horovod.tensorflow runs; horovod.tensorflow.keras needs Keras 2 there,
+# TF_USE_LEGACY_KERAS=1). It does not build against 2.21 (DESIGN.md 4); 2.19 and 2.20 were
+# not tried. (The 2.16 image cannot be built at all: sagemaker-training 5.1.4 wants
+# protobuf >= 5.28, which TensorFlow 2.16 refuses; 2.17 not tried.)
+HOROVOD_TF = ((2, 9), (2, 18))
+HOROVOD_ENV = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITHOUT_PYTORCH": "1",
+               "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1"}
 
 
 def _toolkit(version: tuple[int, int]) -> list[str]:
@@ -96,18 +118,71 @@ def installable(package: str, python_version: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in m.group(1).split(","))
 
 
-def ensure_image(framework_version: str, py_version: str | None, say=print) -> Image:
+def ensure_image(framework_version: str, py_version: str | None, say=print,
+                 horovod: bool = False) -> Image:
     """The image of framework_version: one that exists, else built now (needs the package
-    index: call it outside the job's namespaces)."""
+    index: call it outside the job's namespaces). With `horovod`, one with Horovod: an image
+    built here without it gets it (build_image); check horovod_blockers first."""
     try:
-        return find_image(framework_version, py_version)
+        image = find_image(framework_version, py_version)
     except ConfigError as missing:
         if not re.fullmatch(r"2\.\d+", framework_version):
             raise missing
-    return build_image(framework_version, py_version, say)
+        return build_image(framework_version, py_version, say, horovod=horovod)
+    if not horovod or image.horovod:
+        return image
+    blockers = horovod_blockers(framework_version, image)
+    if blockers:
+        raise ConfigError(f"framework_version {framework_version}: Horovod cannot be built into "
+                          f"its image here: {'; '.join(blockers)}")
+    return build_image(framework_version, image.py_version, say, horovod=True)
 
 
-def build_image(framework_version: str, py_version: str | None = None, say=print) -> Image:
+def built_here(image: Image) -> bool:
+    """Whether an image is one this module built (in the cache), which a step may be added to;
+    the project's venvs and CTRTRAIN_IMAGES' Pythons are not changed."""
+    return Path(image.python).parent.parent == image_dir(image.framework_version,
+                                                         image.py_version)
+
+
+def _cmake_major(cmake: str) -> int | None:
+    r = subprocess.run([cmake, "--version"], capture_output=True, text=True, timeout=60)
+    m = re.search(r"version (\d+)\.", r.stdout)
+    return int(m.group(1)) if r.returncode == 0 and m else None
+
+
+def horovod_blockers(framework_version: str, image: Image | None = None) -> list[str]:
+    """What keeps Horovod from being compiled into the image of framework_version here (empty:
+    nothing), found in a moment, before any build: g++, cmake < 4 (gloo's CMakeLists asks for
+    a minimum cmake 4 no longer accepts), a TensorFlow release Horovod 0.28.1 builds against,
+    and an image this module built (`image`: the existing one, if any)."""
+    out = []
+    if shutil.which("g++") is None:
+        out.append("no g++ on PATH (Horovod's C++ ops are compiled)")
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        out.append("no cmake on PATH (cmake < 4 builds Horovod's gloo; `pip install 'cmake<4'` "
+                   "or the system's package)")
+    else:
+        major = _cmake_major(cmake)
+        if major is None or major >= 4:
+            out.append(f"{cmake} is cmake {major if major is not None else '(unknown version)'}"
+                       ": Horovod's gloo needs cmake < 4 (`pip install 'cmake<4'` puts one on "
+                       "PATH)")
+    v = tuple(map(int, framework_version.split(".")[:2]))
+    lo, hi = (".".join(map(str, x)) for x in HOROVOD_TF)
+    if not HOROVOD_TF[0] <= v <= HOROVOD_TF[1]:
+        out.append(f"Horovod {HOROVOD} is not known to build against TensorFlow "
+                   f"{framework_version} (it builds against {lo} to {hi}; not against 2.21)")
+    elif image is not None and not built_here(image):
+        out.append(f"the {framework_version} image ({image.python}) is a project environment "
+                   "or one CTRTRAIN_IMAGES names, not one ctrtrain built, and is not changed "
+                   "(install Horovod into it yourself, or offer it no more)")
+    return out
+
+
+def build_image(framework_version: str, py_version: str | None = None, say=print,
+                horovod: bool = False) -> Image:
     py = py_version or this_py()
     base = interpreter(py)
     if base is None:
@@ -124,27 +199,40 @@ def build_image(framework_version: str, py_version: str | None = None, say=print
                           f"{framework_version} on Python {dotted} here (releases with wheels "
                           f"for it: {', '.join(series) or 'none found: is the index reachable?'})"
                           + hint)
+    if horovod:
+        blockers = horovod_blockers(framework_version)
+        if blockers:
+            raise ConfigError(f"framework_version {framework_version}: Horovod cannot be built "
+                              f"into its image here: {'; '.join(blockers)}")
     target = image_dir(framework_version, py)
     lock_path = target.parent / f".{target.name}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)     # one build of an image at a time
+        image = None
         if target.exists() and not (target / INCOMPLETE_NAME).exists():
             image = probe(str(target / "bin" / "python"))
-            if image:
+            if image and (image.horovod or not horovod):
                 return image
-        if target.exists():
-            remove_tree(target)
         start = time.monotonic()
-        _build(target, base, framework_version, dotted, say)
+        if image:
+            # Built without Horovod: it is added as the build's last step would have, the
+            # image marked incomplete meanwhile (an interrupted step: the image is rebuilt).
+            _run_steps(target, framework_version, _horovod_steps(target, py), say,
+                       "adding Horovod to")
+        else:
+            if target.exists():
+                remove_tree(target)
+            _build(target, base, framework_version, dotted, say, horovod)
         probe.cache_clear()
         image = probe(str(target / "bin" / "python"))
         size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file() and not f.is_symlink())
         say(f"image {framework_version} ({py}) built in {time.monotonic() - start:.1f} s: "
-            f"{target}, {size / 1e9:.2f} GB")
+            f"{target}, {size / 1e9:.2f} GB" + (f", Horovod {image.horovod}" if image.horovod
+                                                 else ""))
         return image
 
 
-def _build(target: Path, base: str, version: str, dotted: str, say) -> None:
+def _build(target: Path, base: str, version: str, dotted: str, say, horovod: bool) -> None:
     v = tuple(map(int, version.split(".")))
     python = str(target / "bin" / "python")
     pipemode = [r for r in installable("sagemaker-tensorflow", "3.10")
@@ -164,22 +252,94 @@ def _build(target: Path, base: str, version: str, dotted: str, say) -> None:
                       [python, "-m", "pip", "install", "--no-deps", "--only-binary=:all:",
                        "--python-version", "3.10", "--upgrade", "--target", purelib,
                        f"sagemaker-tensorflow=={pipemode[0]}"]))
+    if horovod:
+        steps += _horovod_steps(target, f"py{dotted.replace('.', '')}")
     target.mkdir(parents=True)
-    (target / INCOMPLETE_NAME).write_text("being built; removed by the build's last step\n")
     say(f"building the framework image {version} in {target} ({len(steps)} steps"
         + ("" if pipemode else "; no PipeModeDataset was published for this version") + ")")
+    _run_steps(target, version, steps, say)
+
+
+def _run_steps(target: Path, version: str, steps: list, say, doing: str = "") -> None:
+    """Runs a build's steps, the image marked incomplete until the last one is done. A step is
+    a command, or a function that runs its own (and raises ConfigError when one fails)."""
+    (target / INCOMPLETE_NAME).write_text("being built; removed by the build's last step\n")
+    if doing:
+        say(f"{doing} the framework image {version} in {target} ({len(steps)} steps)")
     for i, (what, cmd) in enumerate(steps, 1):
         t = time.monotonic()
         say(f"[image {version} {i}/{len(steps)}] {what} ...")
-        sys.stdout.flush()      # before pip's own lines, in order, when stdout is a pipe
-        r = subprocess.run(cmd, stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=3600)
-        if r.returncode != 0:
-            errors = [ln for ln in r.stderr.splitlines() if ln.startswith("ERROR")]
-            raise ConfigError(f"building the framework image {version} ({target}) failed at "
-                              f"'{what}':\n" + "\n".join(errors or r.stderr.splitlines()[-10:]))
+        if callable(cmd):
+            cmd(lambda line, i=i: say(f"[image {version} {i}/{len(steps)}] {line}"))
+        else:
+            _run(cmd, f"building the framework image {version} ({target}) failed at '{what}'")
         say(f"[image {version} {i}/{len(steps)}] done in {time.monotonic() - t:.1f} s")
     (target / INCOMPLETE_NAME).unlink()
+
+
+def _run(cmd: list[str], failed: str, env: dict[str, str] | None = None,
+         timeout: int = 3600, compiler: bool = False) -> None:
+    """A build command, pip's progress shown as it goes; ConfigError with its errors if it
+    fails (with `compiler`, the compiler's and cmake's error lines too)."""
+    sys.stdout.flush()      # before pip's own lines, in order, when stdout is a pipe
+    r = subprocess.run(cmd, stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
+                       env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})},
+                       timeout=timeout)
+    if r.returncode != 0:
+        lines = r.stderr.splitlines()
+        errors = [ln for ln in lines if ln.startswith("ERROR")]
+        if compiler:
+            errors = [ln for ln in lines if re.search(r"error\b|Error", ln)][:20] + lines[-10:]
+        raise ConfigError(f"{failed}:\n" + "\n".join(errors or lines[-10:]))
+
+
+def horovod_wheels(tensorflow: str, py: str) -> Path:
+    """Where the Horovod wheel compiled against TensorFlow `tensorflow` (2.9.3) on Python `py`
+    is kept."""
+    return cache_dir("wheels", f"horovod-{HOROVOD}-tf{tensorflow}-{py}")
+
+
+def _horovod_steps(target: Path, py: str) -> list:
+    """Horovod compiled against the image's TensorFlow, once per TensorFlow release and Python
+    (the wheel kept: horovod_wheels), then installed with its dependencies."""
+    python = str(target / "bin" / "python")
+    state = {}
+
+    def compile_(say):
+        tf = subprocess.run([python, "-c", "import importlib.metadata as m; "
+                             "print(m.version('tensorflow-cpu'))"], capture_output=True,
+                            text=True, timeout=120).stdout.strip()
+        wheels = horovod_wheels(tf, py)
+        for stale in wheels.glob(".build-*"):    # an interrupted compile's (under the lock)
+            remove_tree(stale)
+        found = sorted(wheels.glob(f"horovod-{HOROVOD}-*.whl"))
+        if found:
+            say(f"compiled before against TensorFlow {tf} ({py}): {found[0]}")
+        else:
+            say(f"compiling Horovod {HOROVOD} against TensorFlow {tf} ({py}) with g++ and "
+                "cmake: minutes; pip's lines show it is running")
+            build = Path(tempfile.mkdtemp(prefix=".build-", dir=wheels))
+            try:
+                _run([python, "-m", "pip", "wheel", "--progress-bar", "on", "--no-deps",
+                      "--no-build-isolation", "--no-cache-dir", "-w", str(build),
+                      f"horovod=={HOROVOD}"],
+                     f"compiling Horovod {HOROVOD} against TensorFlow {tf} ({py}) failed",
+                     {**HOROVOD_ENV, "MAKEFLAGS": os.environ.get(
+                         "MAKEFLAGS", f"-j{min(os.cpu_count() or 1, 8)}")}, timeout=7200,
+                     compiler=True)
+                made = sorted(build.glob("horovod-*.whl"))
+                os.replace(made[0], wheels / made[0].name)   # whole, or not there
+            finally:
+                remove_tree(build)
+            found = sorted(wheels.glob(f"horovod-{HOROVOD}-*.whl"))
+        state["wheel"] = str(found[0])
+
+    def install(say):
+        _run([python, "-m", "pip", "install", "--progress-bar", "on", state["wheel"]],
+             f"installing {state['wheel']} failed")
+
+    return [(f"Horovod {HOROVOD} compiled against the image's TensorFlow", compile_),
+            (f"Horovod {HOROVOD} and its dependencies", install)]
 
 
 def remove_image(framework_version: str, py_version: str | None = None) -> Path:

@@ -6,7 +6,8 @@ simulated host runs it under a writable layer of its own (container.py).
 Where they come from: the project's scripts build `.venv` (TensorFlow 2.21, scripts/env.sh)
 and `.venv-hvd` (TensorFlow 2.15.1, Keras 2, Horovod, scripts/horovod_env.sh), both with
 sagemaker-training and sagemaker-tensorflow-training; any other version pip can install is
-built on demand into the cache (image_build.py). Other Pythons can be offered with
+built on demand into the cache (image_build.py), with Horovod compiled in for a job that
+needs it (2.9 to 2.18). Other Pythons can be offered with
 CTRTRAIN_IMAGES (paths of python executables, separated by ':'). A Python is the image of
 version X.Y when its installed TensorFlow is X.Y.*; found by reading package metadata (no
 TensorFlow import)."""

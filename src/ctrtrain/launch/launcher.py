@@ -106,7 +106,8 @@ def prepare_outside(spec: JobSpec):
     """What a framework image job needs from the package index, fetched before the hosts
     start (by `ctrtrain launch` before it enters the job's namespaces, where nothing routes
     out; found ready here then): its image, built on demand, and its requirements.txt's
-    wheelhouse. Returns the wheelhouse's path (None without a requirements.txt)."""
+    wheelhouse. An `mpi` job's image gets Horovod (compiled in if it has none). Returns the
+    wheelhouse's path (None without a requirements.txt)."""
     if not spec.framework_version:
         return None
     from .image_build import ensure_image
@@ -115,28 +116,36 @@ def prepare_outside(spec: JobSpec):
     if req:
         resolvable_lines(req)   # a path outside the code is refused before an image is built
     refuse_mpi_without_horovod(spec)
-    image = ensure_image(spec.framework_version, spec.py_version)
+    image = ensure_image(spec.framework_version, spec.py_version,
+                         horovod=bool(spec.framework_params.get("sagemaker_mpi_enabled")))
     warn_pipe_mode_dataset(spec, image)
     return prepare(req, image) if req else None
 
 
 def refuse_mpi_without_horovod(spec: JobSpec) -> None:
-    """An `mpi` job on an image without Horovod, refused before any image is built: the images
-    built on demand hold TensorFlow and the toolkit only (image_build.py); the 2.15 image
-    (scripts/horovod_env.sh) has Horovod."""
+    """An `mpi` job needs Horovod in its image. An image without it gets it compiled in at
+    launch (image_build.py: a TensorFlow Horovod 0.28.1 builds against, with g++ and
+    cmake < 4); where that cannot be done, the job is refused here, in a moment, before any
+    image is built or compiled, naming what is missing and what works."""
     if not spec.framework_params.get("sagemaker_mpi_enabled"):
         return
+    from .image_build import HOROVOD, HOROVOD_TF, horovod_blockers
     from .images import find_image
     try:
         image = find_image(spec.framework_version, spec.py_version)
     except ConfigError:
-        image = None        # would be built now: without Horovod
-    if image is None or image.horovod is None:
+        image = None        # would be built now, Horovod with it
+    if image is not None and image.horovod:
+        return
+    blockers = horovod_blockers(spec.framework_version, image)
+    if blockers:
+        lo, hi = (".".join(map(str, v)) for v in HOROVOD_TF)
         raise ConfigError(f"job {spec.name}: distribution mpi runs Horovod, which the "
-                          f"{spec.framework_version} image does not have (images built on "
-                          "demand hold TensorFlow and SageMaker's toolkit only); the 2.15 "
-                          "image has it (`bash scripts/horovod_env.sh`): framework_version "
-                          "'2.15'")
+                          f"{spec.framework_version} image does not have, and it cannot be "
+                          f"built into it here: {'; '.join(blockers)}. What works: "
+                          f"framework_version {lo} to {hi} (Horovod {HOROVOD} compiled into "
+                          "the image at launch, on a machine with g++ and cmake < 4), or "
+                          "'2.15', whose image .venv-hvd has it (`bash scripts/horovod_env.sh`)")
 
 
 def warn_pipe_mode_dataset(spec: JobSpec, image) -> None:
