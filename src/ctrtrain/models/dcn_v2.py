@@ -28,6 +28,12 @@ from .blocks import MLP, CrossNetwork, first_order, mlp_over_fields
 
 
 class DCNv2(CTRModel):
+    # The cross layers multiply x0 element-wise, so from the zoos' N(0, 1e-4) rows a layer's
+    # output is about 1e-8 and they learn from almost nothing at first; from 0.01 DCN-v2
+    # reaches DeepCTR's DCN under the SageMaker sample's settings on bank (docs/quality.md,
+    # "DCN-v2's initial scale").
+    embedding_init = 0.01
+
     @property
     def first_order(self):
         """The table holds the linear term's weights (column 0) with `dcn_linear`."""
