@@ -162,7 +162,7 @@ class TrainConfig:
         "102,400 records, else 16", _auto_or(number(int, 1)))
     embedding_init: float | None = setting(
         None, "model", "standard deviation of the embeddings' initial values, normal around 0 "
-        "(default: the model's: 0.0001 as DeepCTR's and FuxiCTR's; fm 0.01)",
+        "(default: the model's: 0.0001 as DeepCTR's and FuxiCTR's; fm and dcn_v2 0.01)",
         number(float, 0, optional=True))
     deep_layers: tuple[int, ...] = setting((256, 128, 64), "model", "MLP widths, e.g. 400,400,400",
                                            items(number(int, 1)))
