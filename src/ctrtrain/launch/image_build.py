@@ -53,7 +53,7 @@ HOROVOD = "0.28.1"
 # The TensorFlow releases Horovod 0.28.1 compiles against (its C++ ops use TensorFlow's
 # headers): tried here in the images of 2.9 (py310), 2.13 (py311), 2.15 (py311, .venv-hvd) and
 # 2.18 (py311: horovod.tensorflow runs; horovod.tensorflow.keras needs Keras 2 there,
-# TF_USE_LEGACY_KERAS=1). It does not build against 2.21 (DESIGN.md 4); 2.19 and 2.20 were
+# TF_USE_LEGACY_KERAS=1). It does not build against 2.21 (its compile fails there); 2.19 and 2.20 were
 # not tried. (The 2.16 image cannot be built at all: sagemaker-training 5.1.4 wants
 # protobuf >= 5.28, which TensorFlow 2.16 refuses; 2.17 not tried.)
 HOROVOD_TF = ((2, 9), (2, 18))
@@ -131,10 +131,7 @@ def ensure_image(framework_version: str, py_version: str | None, say=print,
         return build_image(framework_version, py_version, say, horovod=horovod)
     if not horovod or image.horovod:
         return image
-    blockers = horovod_blockers(framework_version, image)
-    if blockers:
-        raise ConfigError(f"framework_version {framework_version}: Horovod cannot be built into "
-                          f"its image here: {'; '.join(blockers)}")
+    refuse_horovod_blockers(framework_version, image)
     return build_image(framework_version, image.py_version, say, horovod=True)
 
 
@@ -181,6 +178,14 @@ def horovod_blockers(framework_version: str, image: Image | None = None) -> list
     return out
 
 
+def refuse_horovod_blockers(framework_version: str, image: Image | None = None) -> None:
+    """A ConfigError naming horovod_blockers', if any."""
+    blockers = horovod_blockers(framework_version, image)
+    if blockers:
+        raise ConfigError(f"framework_version {framework_version}: Horovod cannot be built into "
+                          f"its image here: {'; '.join(blockers)}")
+
+
 def build_image(framework_version: str, py_version: str | None = None, say=print,
                 horovod: bool = False) -> Image:
     py = py_version or this_py()
@@ -200,10 +205,7 @@ def build_image(framework_version: str, py_version: str | None = None, say=print
                           f"for it: {', '.join(series) or 'none found: is the index reachable?'})"
                           + hint)
     if horovod:
-        blockers = horovod_blockers(framework_version)
-        if blockers:
-            raise ConfigError(f"framework_version {framework_version}: Horovod cannot be built "
-                              f"into its image here: {'; '.join(blockers)}")
+        refuse_horovod_blockers(framework_version)
     target = image_dir(framework_version, py)
     lock_path = target.parent / f".{target.name}.lock"
     with open(lock_path, "w") as lock:
