@@ -139,6 +139,14 @@ class HostContainer:
                 self.proc.wait()
 
 
+def entered(cmd: list[str]) -> tuple[int, str, list[str]] | None:
+    """(holder's PID, working directory, command) of a command HostContainer.enter made."""
+    if len(cmd) < 8 or cmd[0] != "nsenter" or cmd[3:6] != ["--net", "--mount", "--uts"] \
+            or not cmd[6].startswith("--wdns=") or cmd[7] != "--":
+        return None
+    return int(cmd[2]), cmd[6][len("--wdns="):], cmd[8:]
+
+
 # ---- inside the holder (new mount, UTS and network namespaces) ----
 
 _libc = None

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 from .. import heartbeat
+from .container import entered
+from .forkserver import ForkedProcess, ForkServer
 
 PR_SET_PDEATHSIG = 1
 STOPPED_LIMIT_S = 10.0   # a process stopped this long fails the job
@@ -39,7 +41,7 @@ def _die_with_parent():
 @dataclasses.dataclass
 class Managed:
     label: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     server: bool
     log_path: Path
     tail: collections.deque
@@ -95,6 +97,7 @@ class Supervisor:
         self.stopped_limit = stopped_limit
         self.grace, self.tail_lines = grace, tail_lines
         self.procs: list[Managed] = []
+        self.forks = ForkServer(self.log_dir / "fork-server.log")
         self._lock = threading.Lock()
         self._errors: list[str] = []
         self.pid_file = self.log_dir / "pids"
@@ -109,9 +112,9 @@ class Supervisor:
         log_path = self.log_dir / (label.replace("/", "-") + ".log")
         beat = self.heartbeat_path(label)
         env = {**env, heartbeat.ENV: str(beat)}
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = self._fork(cmd, env, cwd) or subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
         m = Managed(label, proc, server, log_path, collections.deque(maxlen=self.tail_lines),
                     time.time(), heartbeat=beat, tolerated=tolerated,
                     finished_marker=finished_marker)
@@ -121,6 +124,23 @@ class Supervisor:
         m.pump = threading.Thread(target=self._pump, args=(m,), daemon=True)
         m.pump.start()
         return m
+
+    def _fork(self, cmd: list[str], env: dict, cwd: str | None) -> ForkedProcess | None:
+        """`cmd` forked from the job's fork server (forkserver.py), if it runs a ctrtrain
+        module there; None: start it as a new process."""
+        holder, inner = None, cmd
+        inside = entered(cmd)
+        if inside is not None:
+            holder, cwd, inner = inside
+        module = self.forks.can_fork(inner, env)
+        if module is None:
+            return None
+        try:
+            return self.forks.spawn(module, inner[3:], env, cwd, holder)
+        except OSError as e:
+            with self._lock:
+                print(f"[launcher] {e}; starting a new process instead", flush=True)
+            return None
 
     def heartbeat_path(self, label: str) -> Path:
         """The heartbeat file of a process (CTRTRAIN_HEARTBEAT): its progress, as the
@@ -288,6 +308,7 @@ class Supervisor:
                 pass
             if m.returncode is None:
                 m.returncode = m.proc.returncode
+        self.forks.close()
 
 
 _STATES = {"R": "running", "S": "waiting", "D": "in I/O", "T": "stopped", "t": "traced",

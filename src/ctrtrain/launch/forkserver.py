@@ -1,0 +1,328 @@
+"""A job's own processes forked from one that has already imported TensorFlow.
+
+A new Python spends about 3 CPU-seconds importing ctrtrain and TensorFlow before its first
+line of work: a job's trainers, parameter servers and tf.data service workers each paid that,
+every attempt, all at once on the same cores. The supervisor now starts one *fork server* per
+job (`python -m ctrtrain.launch.forkserver`) that imports them once; each of the job's
+processes that runs a ctrtrain module (`python -m ctrtrain...`) is then a fork of it: the child
+enters its simulated host's namespaces (network, mount, UTS: what `nsenter` does), takes its
+own environment, working directory, process group and output pipe, and runs the module as
+`python -m` would (runpy, `__main__`, its arguments in sys.argv). Its end is a normal
+interpreter exit (the process's own atexit handlers, TensorFlow's cluster shutdown barrier).
+
+What a fork inherits that a new process would not have: the imported modules (nothing of
+TensorFlow's runtime: the server runs no op, so its thread pools, eager context and servers are
+made in the child, with the child's environment), and the server's Python-level state at import
+(`random` reseeds itself in a child). Only a command that runs a `ctrtrain.` module with this
+interpreter and the same environment for what is read at import (PYTHON*, TensorFlow's C++
+logging and oneDNN switches, ctrtrain's import hooks) is forked; anything else -- a user's
+script or module, another image's Python, a coverage run -- starts as a new process, as before.
+`CTRTRAIN_FORK_SERVER=0` turns forking off.
+
+Protocol (a SOCK_SEQPACKET socket pair, one JSON message a datagram): the supervisor sends
+{"module", "args", "env", "cwd", "enter"} with the child's output pipe as a passed descriptor;
+the server answers {"pid"} (or {"error"}), and later {"exit": pid, "code"} when it reaps the
+child (the code as subprocess gives it: -N for a signal). The server ends when the socket
+closes, and with the supervisor (PR_SET_PDEATHSIG); its children end with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+OFF = "CTRTRAIN_FORK_SERVER"
+PR_SET_PDEATHSIG = 1
+_MAX_MESSAGE = 1 << 20
+# What a process reads from its environment while it imports ctrtrain and TensorFlow: a child
+# whose value differs from the server's must import them itself (a new process).
+_IMPORT_TIME = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE",
+                "TF_ENABLE_ONEDNN_OPTS", "TF_USE_LEGACY_KERAS", "LD_PRELOAD",
+                "LD_LIBRARY_PATH", "CTRTRAIN_VERBOSE", "CTRTRAIN_TF_KERAS")
+_CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
+
+
+def _import_env(env: dict) -> dict:
+    return {k: v for k, v in env.items()
+            if k.startswith("PYTHON") or k.startswith("COVERAGE") or k in _IMPORT_TIME}
+
+
+def forkable(cmd: list[str], env: dict) -> str | None:
+    """The ctrtrain module `cmd` runs with this interpreter (`python -m ctrtrain.X ...`), or
+    None where it must start as a new process."""
+    if env.get(OFF, os.environ.get(OFF)) == "0" or len(cmd) < 3:
+        return None
+    if cmd[1] != "-m" or not (cmd[2] == "ctrtrain" or cmd[2].startswith("ctrtrain.")):
+        return None
+    if os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+        return None
+    if any(k.startswith("COVERAGE") for k in env):   # coverage patches new processes only
+        return None
+    return cmd[2]
+
+
+class ForkedProcess:
+    """What the supervisor uses of a subprocess.Popen, for a child of the fork server."""
+
+    def __init__(self, server: ForkServer, pid: int, stdout):
+        self._server, self.pid, self.stdout = server, pid, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._server.changed:
+            while self.poll() is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+                if not self._server.changed.wait(timeout=left):
+                    continue
+        return self.returncode
+
+    def send_signal(self, sig) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """The supervisor's side: starts the server on first use, forks children through it."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = Path(log_path)
+        self.changed = threading.Condition()
+        self._codes: dict[int, int] = {}
+        self._answers: list[dict] = []
+        self._lock = threading.Lock()      # one request at a time
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._env: dict | None = None
+        self._gone = False
+
+    def can_fork(self, cmd: list[str], env: dict) -> str | None:
+        """The module to fork for `cmd`, or None: not forkable, or the server (started with
+        another import-time environment, or no longer running) cannot."""
+        module = forkable(cmd, env)
+        if module is None or self._gone:
+            return None
+        if self._env is not None and _import_env(env) != self._env:
+            return None
+        return module
+
+    def spawn(self, module: str, args: list[str], env: dict, cwd: str | None,
+              enter: int | None) -> ForkedProcess:
+        with self._lock:
+            if self._sock is None:
+                self._start(env)
+            read, write = os.pipe()
+            try:
+                msg = json.dumps({"module": module, "args": args, "env": env,
+                                  "cwd": cwd or os.getcwd(), "enter": enter}).encode()
+                socket.send_fds(self._sock, [msg], [write])
+            except OSError as e:
+                os.close(read)
+                raise OSError(f"the fork server ({self.log_path}) is gone: {e}") from e
+            finally:
+                os.close(write)
+            answer = self._answer()
+            if "pid" not in answer:
+                os.close(read)
+                raise OSError(f"the fork server could not start {module}: "
+                              f"{answer.get('error', 'it ended')} ({self.log_path})")
+            return ForkedProcess(self, answer["pid"], os.fdopen(read, "rb"))
+
+    @property
+    def server_pid(self) -> int | None:
+        """The fork server's PID while it runs (the parent of every process it forked)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def exit_code(self, pid: int) -> int | None:
+        with self.changed:
+            return self._codes.get(pid)
+
+    def close(self) -> None:
+        """Ends the server once every child it forked has been reaped (the supervisor's
+        teardown has waited for them)."""
+        if self._sock is not None:
+            self._gone = True
+            self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._sock = None
+
+    def _start(self, env: dict) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "ctrtrain.launch.forkserver", str(theirs.fileno())],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                pass_fds=[theirs.fileno()], preexec_fn=_die_with_parent)
+        theirs.close()
+        self._sock, self._env = ours, _import_env(env)
+        threading.Thread(target=self._read, daemon=True, name="ctrtrain-fork-server").start()
+
+    def _answer(self) -> dict:
+        with self.changed:
+            while not self._answers:
+                if self._gone:
+                    return {}
+                self.changed.wait()
+            return self._answers.pop(0)
+
+    def _read(self) -> None:
+        sock = self._sock
+        while True:
+            try:
+                data = sock.recv(_MAX_MESSAGE)
+            except OSError:
+                data = b""
+            with self.changed:
+                if not data:
+                    self._gone = True
+                    self.changed.notify_all()
+                    return
+                msg = json.loads(data)
+                if "exit" in msg:
+                    self._codes[msg["exit"]] = msg["code"]
+                else:
+                    self._answers.append(msg)
+                self.changed.notify_all()
+
+
+def _die_with_parent():
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+# ---- the server ----
+
+def _serve(sock: socket.socket):
+    """Forks a child per request until the socket closes; returns, in a child, what it runs."""
+    import selectors
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is sock:
+                try:
+                    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 4)
+                except OSError:
+                    data, fds = b"", []
+                if not data:
+                    return None
+                request = json.loads(data)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                try:
+                    pid = os.fork()
+                except OSError as e:
+                    _send(sock, {"error": f"fork: {e}"})
+                    continue
+                if pid == 0:
+                    sel.close()
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    sock.close()
+                    return lambda: _child(request, fds[0])
+                for fd in fds:
+                    os.close(fd)
+                _send(sock, {"pid": pid})
+            else:
+                os.read(wake_r, 4096)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _send(sock: socket.socket, msg: dict) -> None:
+    try:
+        sock.send(json.dumps(msg).encode())
+    except OSError:
+        pass   # the supervisor is gone: its children end with this server
+
+
+def _enter(holder: int) -> None:
+    """Into a simulated host's namespaces, as `nsenter --net --mount --uts` (setns on its
+    /proc/PID/ns files; entering the mount namespace also moves the root and working
+    directory to its root)."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    for name, kind in (("net", _CLONE_NEWNET), ("mnt", _CLONE_NEWNS), ("uts", _CLONE_NEWUTS)):
+        fd = os.open(f"/proc/{holder}/ns/{name}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, kind) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns {name} of process {holder}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
+
+def _child(request: dict, out: int) -> None:
+    """In the forked child: becomes the process `python -m MODULE ARGS` would have been."""
+    import importlib
+    import runpy
+    os.setsid()                       # its own process group, killed as one
+    _die_with_parent()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(null)
+    os.close(out)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if request["enter"]:
+        _enter(request["enter"])
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    # `python -m` puts the working directory first on the path.
+    sys.path[0] = os.getcwd()
+    importlib.invalidate_caches()
+    sys.argv = [request["module"], *request["args"]]
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    # The package's import (as this module's parent) installed its hooks: TensorFlow's banner
+    # filtered, Keras on first use.
+    import tensorflow  # noqa: F401
+    child = _serve(sock)
+    if child is None:
+        sys.exit(0)
+    child()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""A job's ctrtrain processes are forks of one that imported TensorFlow once (launch/forkserver.py):
+each is still the process `python -m MODULE` would be -- its own environment, working
+directory, process group, output and exit status -- and anything else starts as a new process.
+The jobs of every mode (test_distributed.py, test_models.py, test_faults.py, ...) run their
+servers and trainers this way, in simulated hosts' namespaces too."""
+
+import os
+import signal
+import socket
+import sys
+
+import pytest
+
+from ctrtrain.launch.supervisor import Supervisor
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _wait_for_line(m, text, timeout=60):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in line for line in m.tail):
+            return
+        assert m.proc.poll() is None, f"{m.label} ended ({m.proc.returncode}): {list(m.tail)}"
+        time.sleep(0.1)
+    raise AssertionError(f"{m.label} never printed {text!r}: {list(m.tail)}")
+
+
+def test_forked_processes_keep_their_environment_directory_group_and_exit_status(tmp_path):
+    sup = Supervisor(tmp_path / "logs", console=False)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    port = _free_port()
+    py = sys.executable
+    serving = sup.start("dispatcher", [py, "-m", "ctrtrain.cluster.server"],
+                        {**env, "CTRTRAIN_ROLE": "dispatcher", "CTRTRAIN_ADDRESS": f"localhost:{port}"},
+                        server=True)
+    (tmp_path / "work").mkdir()
+    synth = sup.start("synth", [py, "-m", "ctrtrain.cli", "data", "synth", "--out", "made",
+                                "--rows", "200", "--feature-size", "2000", "--processes", "1"],
+                      env, cwd=str(tmp_path / "work"))
+    refused = sup.start("refused", [py, "-m", "ctrtrain.cli", "train", "--no-such-flag"], env)
+    # Not ctrtrain's module, or another import-time environment: a new process.
+    script = sup.start("script", [py, "-c", "print('a user script')"], env)
+    louder = sup.start("louder", [py, "-m", "ctrtrain.cli", "data", "--help"],
+                       {**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    try:
+        server = sup.forks.server_pid
+        _wait_for_line(serving, f"tf.data service dispatcher on grpc://localhost:{port}")
+        assert _parent(serving.proc.pid) == server != os.getpid()
+        assert os.getpgid(serving.proc.pid) == serving.proc.pid     # its own group
+        assert synth.proc.wait(timeout=120) == 0, list(synth.tail)
+        assert (tmp_path / "work" / "made" / "train").is_dir()       # its working directory
+        assert refused.proc.wait(timeout=60) == 2
+        assert any("--no-such-flag" in line for line in refused.tail)
+        for m in (script, louder):
+            assert type(m.proc).__name__ == "Popen" and m.proc.wait(timeout=60) == 0
+        assert "a user script" in script.tail
+        serving.proc.send_signal(signal.SIGKILL)
+        assert serving.proc.wait(timeout=30) == -signal.SIGKILL     # as subprocess says it
+    finally:
+        sup._teardown()
+    assert sup.forks.server_pid is None     # the fork server ended with the job
+
+
+def test_forking_is_off_when_asked(tmp_path):
+    sup = Supervisor(tmp_path / "logs", console=False)
+    m = sup.start("help", [sys.executable, "-m", "ctrtrain.cli", "data", "--help"],
+                  {**os.environ, "CTRTRAIN_FORK_SERVER": "0"})
+    try:
+        assert type(m.proc).__name__ == "Popen" and m.proc.wait(timeout=60) == 0
+    finally:
+        sup._teardown()
