@@ -38,6 +38,7 @@ def _wait_for_line(m, text, timeout=60):
     raise AssertionError(f"{m.label} never printed {text!r}: {list(m.tail)}")
 
 
+@pytest.mark.tf215
 def test_forked_processes_keep_their_environment_directory_group_and_exit_status(tmp_path):
     sup = Supervisor(tmp_path / "logs", console=False)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
