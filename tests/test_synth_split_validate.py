@@ -1,6 +1,7 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -195,3 +196,16 @@ def test_cli_help_reads_well():
     r = run_cli("data", "--help")
     for tool in ("synth", "featurize", "convert", "validate", "split", "inspect"):
         assert tool in r.stdout
+
+
+def test_synth_on_a_table_too_small_for_criteos_fields_is_refused_by_name(tmp_path):
+    """Criteo's small fields keep their size and each large one gets at least 2 ids: on a table
+    of 100 ids for 13 numeric and 26 categorical fields one field was left with a negative
+    count of ids (a numpy broadcast error); now a refusal naming the field and a size that
+    works, exit status 2, nothing written."""
+    out = tmp_path / "small"
+    code, _, err = cli("data", "synth", "--out", out, "--rows", 200, "--feature-size", 100)
+    assert code == 2 and "feature_size 100 is too small for 26 categorical fields" in err, err
+    least = int(re.search(r"(\d+) is the next that works", err).group(1))
+    assert not out.exists()
+    assert cli("data", "synth", "--out", out, "--rows", 200, "--feature-size", least)[0] == 0

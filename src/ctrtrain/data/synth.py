@@ -96,6 +96,18 @@ class SynthConfig:
                for j in range(self.sequence_fields)]))
 
     def cardinalities(self) -> list[int]:
+        cards = self._cardinalities(self.feature_size)
+        if min(cards) < 1:
+            # Criteo's small fields keep their size and rounding gives each large one at least
+            # 2 ids: on a small table the largest is left with nothing.
+            least = next(f for f in range(self.feature_size + 1, self.feature_size + 10_000)
+                         if min(self._cardinalities(f)) >= 1)
+            raise DataError(f"feature_size {self.feature_size} is too small for "
+                            f"{self.categorical_fields} categorical fields (it leaves one with "
+                            f"no ids): {least} is the next that works", field="feature_size")
+        return cards
+
+    def _cardinalities(self, feature_size: int) -> list[int]:
         if not 0 <= self.numeric_fields <= N_NUMERIC or not (
                 1 <= self.categorical_fields <= len(CRITEO_CARDINALITIES)):
             raise DataError(f"numeric_fields must be 0..{N_NUMERIC} and categorical_fields "
@@ -110,9 +122,9 @@ class SynthConfig:
             raise DataError("attention_std weighs histories against the candidate: it needs "
                             "sequence_fields", field="attention_std")
         criteo = CRITEO_CARDINALITIES[:self.categorical_fields]
-        budget = self.feature_size - self.numeric_fields - self.list_fields * self.multi_hot_vocab
+        budget = feature_size - self.numeric_fields - self.list_fields * self.multi_hot_vocab
         if budget < 2 * len(criteo):
-            least = self.feature_size - budget + 2 * len(criteo)
+            least = feature_size - budget + 2 * len(criteo)
             raise DataError(f"feature_size must be at least {least}", field="feature_size")
         small = [c for c in criteo if c <= 100]
         scale = (budget - sum(small)) / max(sum(c for c in criteo if c > 100), 1)
