@@ -38,7 +38,8 @@ def process_env(p: Process, procs: list[Process], cores: int,
     intra = max(1, cores // max(1, len(on_host)))
     inter = max(2, intra)
     if p.tf_config and "ps" in p.tf_config["cluster"]:
-        # ParameterServerStrategy hangs on small hosts with too few inter-op threads (DESIGN 4).
+        # ParameterServerStrategy's run hung on a 2-core host with the default inter-op
+        # threads; workers + 1 of them run.
         inter = len(p.tf_config["cluster"].get("worker", [])) + 1
         env["GRPC_FAIL_FAST"] = "use_caller"
     elif len(on_host) == 1:

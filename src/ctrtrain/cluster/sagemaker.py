@@ -1,4 +1,4 @@
-"""The environment a SageMaker training container gives a process (DESIGN.md 3.3), in one
+"""The environment a SageMaker training container gives a process (docs/cluster.md), in one
 place: `container_env` writes it (the local launcher), `read_resource_config` and
 `topology_from_sagemaker` read it back (`ctrtrain run` inside a real container)."""
 

@@ -1,4 +1,4 @@
-"""The manifest a data directory carries, so that readers never guess (DESIGN.md 3.1)."""
+"""The manifest a data directory carries, so that readers never guess (docs/data.md, "Data layout")."""
 
 from __future__ import annotations
 

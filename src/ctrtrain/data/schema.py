@@ -1,6 +1,6 @@
 """The fields a data set declares (its manifest's `fields`), and how their TFRecords look.
 
-Without a declaration a data set has today's fixed schema (DESIGN.md 3.1): `field_size`
+Without a declaration a data set has the fixed schema of the SageMaker DeepFM sample (docs/data.md, "Data layout"): `field_size`
 single ids, each with a value, stored as `ids`/`values` lists. With one, every field is a
 feature of its own in each tf.train.Example, under its name:
 

@@ -1,4 +1,4 @@
-"""TFRecord files of `tf.train.Example(label, ids, values)` (DESIGN.md 3.1), written without TF.
+"""TFRecord files of `tf.train.Example(label, ids, values)` (docs/data.md, "Data layout"), written without TF.
 
 Writing builds the protobuf wire bytes of a whole block of examples with NumPy (the layout is
 fixed but for the varint-packed ids), frames them as TFRecords (length, masked CRC32C) and
@@ -267,7 +267,7 @@ def is_tfrecord_head(head: bytes) -> bool:
 
 
 def feature_spec(field_size: int):
-    """The parse spec of DESIGN.md 3.1; the one place it is written down."""
+    """The parse spec of the fixed schema (docs/data.md); the one place it is written down."""
     import tensorflow as tf
     return {"label": tf.io.FixedLenFeature([1], tf.float32),
             "ids": tf.io.FixedLenFeature([field_size], tf.int64),

@@ -15,7 +15,7 @@ draws single records from the whole part, whatever shuffle_buffer (unless 0: the
 order) and read_block say.
 
 Why this order: shuffle before repeat so epochs do not blend; batch *before* parse so one
-`parse_example` call decodes a whole batch (8x faster than per record, DESIGN.md 4); skipping
+`parse_example` call decodes a whole batch (about 8x faster than per record); skipping
 serialized batches is how a resumed run returns to the data position it stopped at without
 paying for parsing; prefetch last so the next batch is ready while the model steps.
 Why blocks: tf.data pays about a microsecond per element in every transformation it passes;

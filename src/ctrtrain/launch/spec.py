@@ -1,4 +1,4 @@
-"""The job spec: a SageMaker estimator written down as YAML (DESIGN.md 3.2), validated with
+"""The job spec: a SageMaker estimator written down as YAML (docs/cluster.md), validated with
 errors that name the bad key and say what is allowed. Parsed with yaml.safe_load (no code)."""
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 cross network, xDeepFM's compressed interaction network, AutoInt's self-attention and DIN's
 target attention.
 
-Plain tf.Module and tf.Variable, no Keras: Keras 3 breaks under ParameterServerStrategy
-(DESIGN.md 4). A block's `variables_to_update()` are its trainable variables (the optimizer
+Plain tf.Module and tf.Variable, no Keras: Keras 3 breaks parameter-server training:
+its `Embedding` over a sharded variable fails in `tape.gradient` (a ShardedVariable has no
+`handle`), `model.fit` does not support ParameterServerStrategy, and its Adam updates tables
+densely (about 2x slower). A block's `variables_to_update()` are its trainable variables (the optimizer
 updates them densely) and `penalized()` the kernels the model's l2_dense applies to.
 """
 
