@@ -75,6 +75,35 @@ def test_forked_processes_keep_their_environment_directory_group_and_exit_status
     assert sup.forks.server_pid is None     # the fork server ended with the job
 
 
+def test_a_fork_server_that_dies_takes_its_children_and_says_so(tmp_path):
+    """Killed, the server's children die with it (PR_SET_PDEATHSIG) and are reported as
+    SIGKILLed: the job fails at once instead of waiting on processes nobody can reap."""
+    sup = Supervisor(tmp_path / "logs", console=False)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CTRTRAIN_ROLE": "dispatcher",
+           "CTRTRAIN_ADDRESS": f"localhost:{_free_port()}"}
+    serving = sup.start("dispatcher", [sys.executable, "-m", "ctrtrain.cluster.server"], env,
+                        server=True)
+    trainer = sup.start("trainer", [sys.executable, "-m", "ctrtrain.cli", "data", "--help"],
+                        {**env, "CTRTRAIN_ROLE": ""})
+    try:
+        _wait_for_line(serving, "tf.data service dispatcher on")
+        assert trainer.proc.wait(timeout=60) == 0
+        os.kill(sup.forks.server_pid, signal.SIGKILL)
+        assert serving.proc.wait(timeout=30) == -signal.SIGKILL
+        outcome = sup.wait()
+        assert not outcome.ok and outcome.reason == "dispatcher exited with status -9"
+    finally:
+        sup._teardown()
+    # Dead within moments (the kernel's SIGKILL on its parent's death): gone, or a zombie until
+    # init, its new parent, reaps it.
+    import time
+    from ctrtrain.launch.supervisor import _state
+    deadline = time.monotonic() + 10
+    while _state(serving.proc.pid) not in ("gone", "exited") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _state(serving.proc.pid) in ("gone", "exited")
+
+
 def test_forking_is_off_when_asked(tmp_path):
     sup = Supervisor(tmp_path / "logs", console=False)
     m = sup.start("help", [sys.executable, "-m", "ctrtrain.cli", "data", "--help"],

@@ -28,6 +28,7 @@ closes, and with the supervisor (PR_SET_PDEATHSIG); its children end with it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -107,6 +108,7 @@ class ForkServer:
         self.log_path = Path(log_path)
         self.changed = threading.Condition()
         self._codes: dict[int, int] = {}
+        self._pids: set[int] = set()       # every child forked
         self._answers: list[dict] = []
         self._lock = threading.Lock()      # one request at a time
         self._sock: socket.socket | None = None
@@ -144,6 +146,8 @@ class ForkServer:
                 os.close(read)
                 raise OSError(f"the fork server could not start {module}: "
                               f"{answer.get('error', 'it ended')} ({self.log_path})")
+            with self.changed:
+                self._pids.add(answer["pid"])
             return ForkedProcess(self, answer["pid"], os.fdopen(read, "rb"))
 
     @property
@@ -160,7 +164,8 @@ class ForkServer:
         teardown has waited for them)."""
         if self._sock is not None:
             self._gone = True
-            self._sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):   # already gone
+                self._sock.shutdown(socket.SHUT_RDWR)
             self._sock.close()
             try:
                 self._proc.wait(timeout=10)
@@ -198,7 +203,11 @@ class ForkServer:
                 data = b""
             with self.changed:
                 if not data:
+                    # The server ended: a child it had not reaped died with it
+                    # (PR_SET_PDEATHSIG), as SIGKILLed.
                     self._gone = True
+                    for pid in self._pids - self._codes.keys():
+                        self._codes[pid] = -signal.SIGKILL
                     self.changed.notify_all()
                     return
                 msg = json.loads(data)
