@@ -7,7 +7,7 @@ container of that version holds for a training script:
   default; another one on PATH or installed by pyenv, for releases older than this Python's
   wheels); Keras 2 is TensorFlow's own up to 2.15, and
   tf-keras X.Y from 2.16 on (Keras 3 is the default there: TF_USE_LEGACY_KERAS=1 selects it);
-- SageMaker's training toolkit (sagemaker-training; 4.8.3 up to TF 2.15, whose protobuf 3.20
+- SageMaker's training toolkit (sagemaker-training; 4.8.3 up to TF 2.17, whose protobuf < 5
   the 5.x toolkits cannot use) and the TensorFlow container's entry
   (sagemaker-tensorflow-training, without its dependency pins, as in the project's images);
 - SageMaker's PipeModeDataset (sagemaker-tensorflow X.Y, its C++ op built for that
@@ -53,9 +53,8 @@ HOROVOD = "0.28.1"
 # The TensorFlow releases Horovod 0.28.1 compiles against (its C++ ops use TensorFlow's
 # headers): tried here in the images of 2.9 (py310), 2.13 (py311), 2.15 (py311, .venv-hvd) and
 # 2.18 (py311: horovod.tensorflow runs; horovod.tensorflow.keras needs Keras 2 there,
-# TF_USE_LEGACY_KERAS=1). It does not build against 2.21 (its compile fails there); 2.19 and 2.20 were
-# not tried. (The 2.16 image cannot be built at all: sagemaker-training 5.1.4 wants
-# protobuf >= 5.28, which TensorFlow 2.16 refuses; 2.17 not tried.)
+# TF_USE_LEGACY_KERAS=1). It does not build against 2.21 (its compile fails there); 2.16, 2.17,
+# 2.19 and 2.20 were not tried.
 HOROVOD_TF = ((2, 9), (2, 18))
 HOROVOD_ENV = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITHOUT_PYTORCH": "1",
                "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1"}
@@ -66,7 +65,8 @@ def _toolkit(version: tuple[int, int]) -> list[str]:
     TensorFlow 2.8-2.11 name no upper bound on numpy but break under numpy 2."""
     if version < (2, 12):
         return ["sagemaker-training==4.8.3", "protobuf<3.20", "numpy<2"]
-    if version < (2, 16):
+    if version < (2, 18):
+        # 2.16 and 2.17 too: sagemaker-training 5.1.4 wants protobuf >= 5.28, which they refuse.
         return ["sagemaker-training==4.8.3", "protobuf==3.20.3"]
     return ["sagemaker-training==5.1.4"]
 
