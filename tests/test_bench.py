@@ -234,6 +234,12 @@ def test_bench_quality_runs_every_variant_and_deepctr(tmp_path):
         assert abs(a["test"]["auc"] - b["test"]["auc"]) < 0.003, (a, b)
         assert a["test"]["auc"] > 0.6
     assert "| epoch |" in r.stdout
+    # Each run's figures as it ends (a suite stopped part-way still says what it measured).
+    for label, epochs in runs.items():
+        best = max(epochs, key=lambda e: e["valid"]["auc"])
+        assert (f"[small] {label} deepfm seed 0: test AUC {best['test']['auc']:.4f} at the best "
+                f"validation epoch ({best['epoch']}), {epochs[-1]['test']['auc']:.4f} at the last "
+                "(2)") in r.stdout, r.stdout[-3000:]
 
 
 @pytest.mark.slow

@@ -291,8 +291,15 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
         for seed in range(config["seed"], config["seed"] + seeds):
             for label, (argv, params) in commands.items():
                 print(f"[{name}] {label} {model} seed {seed} ...", flush=True)
-                per_seed[label].append(run_json(argv + [json.dumps({**params, "seed": seed})],
-                                                label, timeout=6 * 3600))
+                run = run_json(argv + [json.dumps({**params, "seed": seed})], label,
+                               timeout=6 * 3600)
+                per_seed[label].append(run)
+                # Each run's figures as it ends: a long suite stopped part-way still says
+                # what it measured.
+                best, end = selected(run), last_epoch(run)
+                print(f"[{name}] {label} {model} seed {seed}: test AUC {best['test_auc']:.4f} "
+                      f"at the best validation epoch ({best['epoch']}), {end['test_auc']:.4f} "
+                      f"at the last ({end['epoch']})", flush=True)
         results = {label: runs[0] for label, runs in per_seed.items()}
         entry = {"data": root, "runs": results,
                  "selected": {k: selected(v) for k, v in results.items()}}
