@@ -112,3 +112,33 @@ def test_forking_is_off_when_asked(tmp_path):
         assert type(m.proc).__name__ == "Popen" and m.proc.wait(timeout=60) == 0
     finally:
         sup._teardown()
+
+
+def test_benchmark_runs_are_forked_with_stdout_and_stderr_apart(tmp_path):
+    """`bench`'s runs (bench/runner.py run_json) of ctrtrain's modules fork from one server per
+    command, which ends with it: stdout (the JSON results) and stderr (what a failure says)
+    on pipes of their own, the exit status, and a time limit that kills the run."""
+    import subprocess
+    from ctrtrain.bench import runner
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with runner.forked_runs():
+        forks = runner._forks = runner.ForkServer(tmp_path / "forks.log")
+        helped = forks.spawn("ctrtrain.cli", ["data", "--help"], env, None, None, stderr=True)
+        out, err = helped.communicate(timeout=60)
+        assert helped.returncode == 0 and b"usage: ctrtrain data" in out and err == b""
+        assert _parent(forks.server_pid) == os.getpid()
+        with pytest.raises(RuntimeError, match="(?s)a refused run failed:.*--no-such-flag"):
+            runner.run_json([sys.executable, "-m", "ctrtrain.cli", "train", "--no-such-flag"],
+                            "a refused run")
+        assert len(forks._pids) == 2          # forked too, not a new process
+        # A run past its time limit is killed, as subprocess.run kills it.
+        serving = forks.spawn("ctrtrain.cluster.server", [], {
+            **env, "CTRTRAIN_ROLE": "dispatcher", "CTRTRAIN_ADDRESS": f"localhost:{_free_port()}"},
+            None, None, stderr=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            serving.communicate(timeout=3)
+        assert serving.returncode == -signal.SIGKILL
+        server = forks.server_pid
+    assert forks.server_pid is None and runner._forks is None     # ended with the block
+    from ctrtrain.launch.supervisor import _state
+    assert _state(server) in ("gone", "exited")

@@ -1104,8 +1104,10 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # to re-run the same command (launch's network namespace)
     from .tf_start import set_verbose
     set_verbose(args.verbose)   # before anything imports TensorFlow
+    from .bench.runner import forked_runs
     try:
-        args.func(args)
+        with forked_runs():     # a benchmark's runs: forks of one process, ended here
+            args.func(args)
     except CtrError as e:
         print(f"ctrtrain: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)   # 2, or 128 + signal for a stopped run

@@ -73,8 +73,8 @@ def forkable(cmd: list[str], env: dict) -> str | None:
 class ForkedProcess:
     """What the supervisor uses of a subprocess.Popen, for a child of the fork server."""
 
-    def __init__(self, server: ForkServer, pid: int, stdout):
-        self._server, self.pid, self.stdout = server, pid, stdout
+    def __init__(self, server: ForkServer, pid: int, stdout, stderr=None):
+        self._server, self.pid, self.stdout, self.stderr = server, pid, stdout, stderr
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -92,6 +92,33 @@ class ForkedProcess:
                 if not self._server.changed.wait(timeout=left):
                     continue
         return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes, bytes | None]:
+        """As Popen.communicate: stdout (and stderr) read to their ends, then the exit awaited;
+        past `timeout` the child is killed and TimeoutExpired raised."""
+        pipes = [f for f in (self.stdout, self.stderr) if f is not None]
+        read: list[bytes] = [b""] * len(pipes)
+
+        def drain(i):
+            read[i] = pipes[i].read()
+        readers = [threading.Thread(target=drain, args=(i,), daemon=True)
+                   for i in range(len(pipes))]
+        for t in readers:
+            t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            for t in readers:
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                if t.is_alive():
+                    raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()      # its pipes are left to their readers, which end at EOF
+            self.wait()
+            raise
+        for f in pipes:
+            f.close()
+        return read[0], (read[1] if self.stderr is not None else None)
 
     def send_signal(self, sig) -> None:
         if self.poll() is None:
@@ -127,28 +154,31 @@ class ForkServer:
         return module
 
     def spawn(self, module: str, args: list[str], env: dict, cwd: str | None,
-              enter: int | None) -> ForkedProcess:
+              enter: int | None, stderr: bool = False) -> ForkedProcess:
+        """The child's stdout and stderr on one pipe (ForkedProcess.stdout), or with
+        `stderr`, stderr on its own (ForkedProcess.stderr)."""
         with self._lock:
             if self._sock is None:
                 self._start(env)
-            read, write = os.pipe()
+            pipes = [os.pipe() for _ in range(2 if stderr else 1)]
             try:
                 msg = json.dumps({"module": module, "args": args, "env": env,
                                   "cwd": cwd or os.getcwd(), "enter": enter}).encode()
-                socket.send_fds(self._sock, [msg], [write])
+                socket.send_fds(self._sock, [msg], [w for _, w in pipes])
+                answer = self._answer()
             except OSError as e:
-                os.close(read)
-                raise OSError(f"the fork server ({self.log_path}) is gone: {e}") from e
+                answer = {"error": f"it is gone: {e}"}
             finally:
-                os.close(write)
-            answer = self._answer()
+                for _, w in pipes:
+                    os.close(w)
             if "pid" not in answer:
-                os.close(read)
+                for r, _ in pipes:
+                    os.close(r)
                 raise OSError(f"the fork server could not start {module}: "
                               f"{answer.get('error', 'it ended')} ({self.log_path})")
             with self.changed:
                 self._pids.add(answer["pid"])
-            return ForkedProcess(self, answer["pid"], os.fdopen(read, "rb"))
+            return ForkedProcess(self, answer["pid"], *(os.fdopen(r, "rb") for r, _ in pipes))
 
     @property
     def server_pid(self) -> int | None:
@@ -258,7 +288,7 @@ def _serve(sock: socket.socket):
                     os.close(wake_r)
                     os.close(wake_w)
                     sock.close()
-                    return lambda: _child(request, fds[0])
+                    return lambda: _child(request, *fds[:2])
                 for fd in fds:
                     os.close(fd)
                 _send(sock, {"pid": pid})
@@ -296,7 +326,7 @@ def _enter(holder: int) -> None:
             os.close(fd)
 
 
-def _child(request: dict, out: int) -> None:
+def _child(request: dict, out: int, err: int | None = None) -> None:
     """In the forked child: becomes the process `python -m MODULE ARGS` would have been."""
     import importlib
     import runpy
@@ -305,9 +335,11 @@ def _child(request: dict, out: int) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out, 1)
-    os.dup2(out, 2)
+    os.dup2(out if err is None else err, 2)
     os.close(null)
     os.close(out)
+    if err is not None:
+        os.close(err)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if request["enter"]:
