@@ -115,9 +115,10 @@ def test_forking_is_off_when_asked(tmp_path):
 
 
 def test_benchmark_runs_are_forked_with_stdout_and_stderr_apart(tmp_path):
-    """`bench`'s runs (bench/runner.py run_json) of ctrtrain's modules fork from one server per
-    command, which ends with it: stdout (the JSON results) and stderr (what a failure says)
-    on pipes of their own, the exit status, and a time limit that kills the run."""
+    """`bench quality`'s runs (bench/runner.py run_json, fork=True) of ctrtrain's modules fork
+    from one server per command, which ends with it: stdout (the JSON results) and stderr (what
+    a failure says) on pipes of their own, the exit status, and a time limit that kills the
+    run. Runs measured for speed and memory (fork=False) stay new processes."""
     import subprocess
     from ctrtrain.bench import runner
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -129,8 +130,12 @@ def test_benchmark_runs_are_forked_with_stdout_and_stderr_apart(tmp_path):
         assert _parent(forks.server_pid) == os.getpid()
         with pytest.raises(RuntimeError, match="(?s)a refused run failed:.*--no-such-flag"):
             runner.run_json([sys.executable, "-m", "ctrtrain.cli", "train", "--no-such-flag"],
-                            "a refused run")
+                            "a refused run", fork=True)
         assert len(forks._pids) == 2          # forked too, not a new process
+        with pytest.raises(RuntimeError, match="(?s)a measured run failed:.*--no-such-flag"):
+            runner.run_json([sys.executable, "-m", "ctrtrain.cli", "train", "--no-such-flag"],
+                            "a measured run")
+        assert len(forks._pids) == 2          # a new process
         # A run past its time limit is killed, as subprocess.run kills it.
         serving = forks.spawn("ctrtrain.cluster.server", [], {
             **env, "CTRTRAIN_ROLE": "dispatcher", "CTRTRAIN_ADDRESS": f"localhost:{_free_port()}"},

@@ -292,7 +292,7 @@ def run_quality_bench(datasets: list[tuple[str, str]], work_dir: str, epochs: in
             for label, (argv, params) in commands.items():
                 print(f"[{name}] {label} {model} seed {seed} ...", flush=True)
                 run = run_json(argv + [json.dumps({**params, "seed": seed})], label,
-                               timeout=6 * 3600)
+                               timeout=6 * 3600, fork=True)
                 per_seed[label].append(run)
                 # Each run's figures as it ends: a long suite stopped part-way still says
                 # what it measured.

@@ -1,11 +1,14 @@
 """One benchmark run in a fresh process (thread pools are fixed when TensorFlow starts, and
 peak RSS is per process), in this environment or another one (DeepCTR's, TF 2.15's).
 
-A run of ctrtrain's own modules with this Python is forked from a process that imported
-TensorFlow once for the whole benchmark (launch/forkserver.py, as a job's processes are): it
-starts no TensorFlow runtime before the fork, so the run is as fresh as a new process, and
-~3.5 CPU-seconds of import cheaper. Any other command is a new process. The server ends with
-the command that started it (`forked_runs`, around every CLI command).
+A run whose figures are AUC and loss only (`fork=True`: bench quality's) of ctrtrain's own
+modules with this Python is forked from a process that imported TensorFlow once for the whole
+benchmark (launch/forkserver.py, as a job's processes are): no TensorFlow runtime started
+before the fork, ~3.5 CPU-seconds of import less a run. Runs measured for speed and memory stay
+new processes, as a user's `ctrtrain train` is: a fork's peak RSS counts only the pages it
+touched of the server's (measured: 434 against 695 MB for bench train's reference run), which
+would flatter ctrtrain beside a peer's new process. The server ends with the command that
+started it (`forked_runs`, around every CLI command).
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ def forked_runs():
         _forks = outer
 
 
-def run_json(cmd: list[str], what: str, timeout: float = 3600) -> list[dict]:
-    """Runs `cmd` and returns the JSON objects it printed, one per line, in order."""
+def run_json(cmd: list[str], what: str, timeout: float = 3600, fork: bool = False) -> list[dict]:
+    """Runs `cmd` (forked where `fork` and it can be) and returns the JSON objects it printed,
+    one per line, in order."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CTRTRAIN_NO_PROGRESS="1")
-    code, out, err = _run(cmd, env, timeout)
+    code, out, err = _run(cmd, env, timeout) if fork else _new_process(cmd, env, timeout)
     if code != 0:
         raise RuntimeError(f"{what} failed:\n{err[-3000:]}")
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -58,5 +62,9 @@ def _run(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, str]:
         else:
             out, err = proc.communicate(timeout)
             return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    return _new_process(cmd, env, timeout)
+
+
+def _new_process(cmd: list[str], env: dict, timeout: float) -> tuple[int, str, str]:
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     return r.returncode, r.stdout, r.stderr
