@@ -556,15 +556,24 @@ def test_pipe_mode_estimator_reads_as_many_epochs_as_it_opens(tmp_path, kept_ima
 
 
 @pytest.mark.slow
-def test_a_failing_script_writes_the_failure_file_and_fails_the_job(tmp_path):
+@pytest.mark.parametrize("distribution", [None, {"mpi": {"enabled": True, "processes_per_host": 1}}],
+                         ids=["plain", "mpi"])
+def test_a_failing_script_writes_the_failure_file_and_fails_the_job(tmp_path, distribution):
+    """The failed host's script writes its failure file and fails the job; in an `mpi` job
+    (2.15 image, one Horovod world) the other rank waits on it as in a collective, and the job
+    ends with the failed rank, not at its time limit (300 s) or watchdog."""
     before = machine_opt_ml()
-    job = sm_job(tmp_path, "failing")
+    job = sm_job(tmp_path, "failing", distribution=distribution,
+                 framework_version="2.15" if distribution else "2.21")
     r = run_cli("launch", job, check=False)
     assert r.returncode == 2      # a failed job, as every ctrtrain error
     assert "the learning rate must be positive, got -1" in r.stderr
     failure = (tmp_path / "run" / "hosts" / "algo-2" / "output" / "failure").read_text()
     assert "ValueError" in failure and "the learning rate must be positive" in failure
-    assert json.loads((tmp_path / "run" / "job.json").read_text())["ok"] is False
+    done = json.loads((tmp_path / "run" / "job.json").read_text())
+    # ended by the failed rank's exit (horovodrun's, which ends the world), not by a limit
+    assert done["ok"] is False and done["reason"] == (
+        "horovodrun exited with status 1" if distribution else "algo-2/train exited with status 1"), done
     assert machine_opt_ml() == before
 
 
