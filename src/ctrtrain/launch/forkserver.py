@@ -20,7 +20,8 @@ script or module, another image's Python, a coverage run -- starts as a new proc
 `CTRTRAIN_FORK_SERVER=0` turns forking off.
 
 Protocol (a SOCK_SEQPACKET socket pair, one JSON message a datagram): the supervisor sends
-{"module", "args", "env", "cwd", "enter"} with the child's output pipe as a passed descriptor;
+{"module", "args", "env", "cwd", "enter"} with the child's output pipe as a passed descriptor
+(its stdout and stderr; or two, stdout's and stderr's apart, as a benchmark's runs want them);
 the server answers {"pid"} (or {"error"}), and later {"exit": pid, "code"} when it reaps the
 child (the code as subprocess gives it: -N for a signal). The server ends when the socket
 closes, and with the supervisor (PR_SET_PDEATHSIG); its children end with it.
