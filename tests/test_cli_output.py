@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ctrtrain_here
@@ -81,6 +82,26 @@ def test_the_banner_filter_drops_tensorflows_start_up_lines_only(capfd, tmp_path
     assert not any(b in err for b in BANNER) and "To enable" not in err
     assert "a real error" in err and "ctrtrain: warning: kept" in err and "python's own" in err
     assert (tmp_path / "heartbeat").exists()
+
+
+def test_a_finished_run_beats_through_its_exit_for_a_bounded_time(tmp_path, monkeypatch):
+    """After its summary a run does no step to beat on: its cleanup and exit beat from a
+    thread (a 4 s watchdog tore a finished job down on a loaded machine), for limit_s only,
+    so that a process hung in its exit is still seen."""
+    from ctrtrain import heartbeat
+    beat = tmp_path / "heartbeat"
+    monkeypatch.setenv(heartbeat.ENV, str(beat))
+    heartbeat.finishing(limit_s=2.0)
+    until = time.monotonic() + 10
+    while not beat.exists() and time.monotonic() < until:
+        time.sleep(0.01)
+    first = beat.stat().st_mtime_ns
+    while beat.stat().st_mtime_ns == first and time.monotonic() < until:
+        time.sleep(0.05)
+    assert beat.stat().st_mtime_ns > first            # beat again, with no step
+    while heartbeat.age(str(beat)) < 1.5 and time.monotonic() < until:
+        time.sleep(0.1)
+    assert heartbeat.age(str(beat)) >= 1.5            # and then stopped
 
 
 def test_a_jobs_processes_get_the_commands_verbosity(monkeypatch):

@@ -7,6 +7,7 @@ process that stops stepping (hung, SIGSTOPped) is, however chatty its threads.""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 ENV = "CTRTRAIN_HEARTBEAT"
@@ -29,6 +30,24 @@ def beat(force: bool = False) -> None:
             os.utime(path)
     except OSError:
         pass   # the supervisor's directory went away: it is tearing the job down
+
+
+def finishing(limit_s: float = 60.0) -> None:
+    """Beats once a second, from a daemon thread, for up to `limit_s`: the run's result is
+    written, and what is left -- closing its logs and TensorBoard's event files, a recipe
+    copying its export, the interpreter's exit -- does no step to beat on. That took over 4 s
+    on a loaded CI machine (a 4 s watchdog tore a finished job down). A process still alive
+    after `limit_s` is hung in its exit, and the watchdog sees it."""
+    if not os.environ.get(ENV):
+        return
+
+    def beating():
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            beat(force=True)
+            time.sleep(_INTERVAL_S)
+
+    threading.Thread(target=beating, daemon=True, name="ctrtrain-finishing").start()
 
 
 def age(path: str) -> float | None:

@@ -375,6 +375,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
     (md / RESULT).write_text(json.dumps(result, indent=2) + "\n")
     log.result(result, md / RESULT)
     log.event("summary", step=outcome.step, **summary_fields(result))
+    heartbeat.finishing()
     log.close()
     return result
 

@@ -173,6 +173,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
                          data_name=describe_source(cfg.train_dir),
                          progress=cfg.progress and rt.is_chief).run()
     if not rt.is_chief:
+        heartbeat.finishing()
         log.close()
         return {"step": outcome.step, "total_steps": total_steps, "chief": False}
     return finish(cfg, trainer, log, outcome, manifest=m, feature_size=feature_size,
