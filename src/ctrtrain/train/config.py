@@ -285,6 +285,11 @@ class TrainConfig:
                           "checkpoint", _bool)
     fresh: bool = setting(False, "output", "start over: delete the model directory's earlier "
                           "run (default: resume from its last checkpoint)", _bool)
+    warm_start: str | None = setting(
+        None, "output", "start from the last checkpoint of an earlier run's model directory "
+        "(its weights, tables and optimizer state; the same model settings and table size), "
+        "on new data: the day-by-day retrain. The optimizer's step count goes on; this run's "
+        "steps, schedule and learning rate are its own", _path)
     mlflow: str | None = setting(
         None, "output", "track the run in MLflow (docs/training.md): a tracking server's "
         "URI (http://host:5000), sqlite:///mlflow.db or a directory; the settings, each log "

@@ -334,7 +334,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
     from pathlib import Path
 
     from .export import export_saved_model
-    from .model_dir import PREDICTIONS, RESULT
+    from .model_dir import PREDICTIONS, RESULT, warm_start_record
     md = Path(model_dir)
     clock = Phases(outcome)
     trainer.save_final(outcome.step)
@@ -344,7 +344,8 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
               "input_wait_s": outcome.input_wait_s, "compute_s": outcome.compute_s,
               "input_bound": outcome.input_bound, "windows": outcome.windows,
               "examples_per_s": steady_throughput(outcome.windows),
-              "epochs": outcome.schedule.epochs if outcome.schedule else None}
+              "epochs": outcome.schedule.epochs if outcome.schedule else None,
+              "warm_start": warm_start_record(md)}
     result["valid"] = trainer.evaluate("valid", outcome.step)
     selected = choose_model(cfg, trainer, outcome, result["valid"], log)
     if selected:

@@ -20,9 +20,10 @@ CONFIG = "train_config.json"
 PREDICTIONS = "predictions.csv"
 CONFIG_YAML = "config.yaml"
 BEST = "best"           # the best evaluated model's variables and best.json, its record
+WARM_START = "warm_start.json"   # the earlier run a warm-started one began from (warm_start)
 
 RUN_FILES = ("checkpoints", LOGS, "export", BEST, METRICS, RESULT, CONFIG, CONFIG_YAML,
-             PREDICTIONS)
+             PREDICTIONS, WARM_START)
 
 
 def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
@@ -88,10 +89,92 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
                     f"{md} holds checkpoints of a run with {k}={_brief(old[k])}, not "
                     f"{_brief(record[k])}: resuming would continue at the wrong {what}. Use the "
                     "same setting, another --model-dir, or --fresh to start over")
+    if cfg.warm_start and not has_checkpoint(md):
+        _check_warm_start(cfg.warm_start, record)
+    elif cfg.warm_start:
+        # Resuming: only the run that started from this same model.
+        warm = warm_start_record(md) or {}
+        if warm.get("from") != str(_warm_start_dir(cfg.warm_start)):
+            began = f"started from {warm['from']}" if warm else "did not start from it"
+            raise ConfigError(f"{md} holds checkpoints of a run that {began}: warm_start "
+                              f"{cfg.warm_start} would be ignored. --fresh starts this run "
+                              "over from it; or give another --model-dir")
     prev.write_text(json.dumps(record, indent=2) + "\n")
     from .config import resolved_yaml
     (md / CONFIG_YAML).write_text(resolved_yaml(cfg))   # `ctrtrain train --config` re-runs it
     return md
+
+
+def warm_start_checkpoint(source: str) -> tuple[Path, str]:
+    """(the earlier run's model directory, the prefix of its newest checkpoint) that
+    --warm-start names: a model directory of `ctrtrain train` (or of a job's recipe: its
+    /opt/ml/checkpoints), or its checkpoints/ directory itself."""
+    import tensorflow as tf
+    src = _warm_start_dir(source)
+    prefix = tf.train.latest_checkpoint(str(src / "checkpoints")) if src.is_dir() else None
+    if not prefix:
+        raise ConfigError(f"warm_start {source}: no checkpoint there (expected the model "
+                          "directory of an earlier run: its checkpoints/ and "
+                          f"{CONFIG})")
+    return src, prefix
+
+
+def _warm_start_dir(source: str) -> Path:
+    src = Path(source).resolve()
+    return src.parent if src.name == "checkpoints" and not (src / "checkpoints").is_dir() \
+        else src
+
+
+def _check_warm_start(source: str, record: dict) -> None:
+    """The earlier run's model has this run's variables: the same model settings, fields and
+    table size (its train_config.json against this run's record)."""
+    src, _ = warm_start_checkpoint(source)
+    try:
+        old = json.loads((src / CONFIG).read_text())
+        assert isinstance(old, dict)
+    except (OSError, ValueError, AssertionError):
+        raise ConfigError(f"warm_start {source}: its {CONFIG} is missing or damaged, so its "
+                          "model cannot be checked against this run's") from None
+    if old.get("fields") != record["fields"]:
+        raise ConfigError(f"warm_start {source}: its training data declared other fields "
+                          f"({_brief(old.get('fields'))}, now {_brief(record['fields'])}): "
+                          "a warm start needs the same declaration")
+    for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size"):
+        if k in old and old[k] != record[k]:
+            hint = (": give this run --feature-size " + str(old[k]) + " if its ids fit, and "
+                    "featurize new data with the earlier run's --vocab (or hash buckets) so "
+                    "that they do") if k == "feature_size" else ""
+            raise ConfigError(f"warm_start {source}: its model has {k}={_brief(old[k])}, this "
+                              f"run {_brief(record[k])}: a warm start needs the same variables"
+                              + hint)
+
+
+def warm_start_record(md: Path) -> dict | None:
+    """The earlier run this model directory's run started from ({"from", "checkpoint",
+    "step"}), or None."""
+    try:
+        return json.loads((md / WARM_START).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _warm_start(source: str, md: Path, ckpt, opt, write: bool) -> None:
+    """Restores the earlier run's newest checkpoint (model and optimizer) as this run's start
+    and records it. The optimizer's step count goes on from there -- Adam's bias correction and
+    the tables' catch-up read it -- while this run counts its own steps from 0 (checkpoint
+    numbers, schedule, evaluation); its learning-rate scale starts again at 1."""
+    src, prefix = warm_start_checkpoint(source)
+    try:
+        ckpt.restore(prefix).assert_existing_objects_matched()
+    except Exception as e:
+        raise ConfigError(f"warm_start {source}: {Path(prefix).name} does not restore into "
+                          f"this model ({first_line(e)[:160]})") from None
+    if hasattr(opt, "lr_scale"):
+        opt.lr_scale.assign(1.0)
+    record = {"from": str(src), "checkpoint": Path(prefix).name,
+              "step": int(opt.iterations.numpy())}
+    if write:
+        (md / WARM_START).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _check_same_fields(md: Path, old: list | None, new: list | None) -> None:
@@ -158,7 +241,12 @@ def data_fingerprint(m) -> str | None:
 
 
 def announce_resume(log, md: Path, start_step: int, total_steps) -> None:
-    """A re-run that resumes says so, loudly: it may train no step at all."""
+    """A re-run that resumes says so, loudly: it may train no step at all. A warm start says
+    where it started from."""
+    warm = warm_start_record(md)
+    if warm and not start_step and log.enabled:
+        print(f"warm start from {warm['from']} ({warm['checkpoint']}: its model and optimizer "
+              f"state, the optimizer at step {warm['step']})", flush=True)
     if start_step and log.enabled:
         left = "" if total_steps is None else (
             f"; {max(0, total_steps - start_step)} of {total_steps} steps left"
@@ -167,7 +255,7 @@ def announce_resume(log, md: Path, start_step: int, total_steps) -> None:
               "--fresh starts over", flush=True)
 
 
-def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt):
+def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt, write: bool = True):
     """(CheckpointManager over md/checkpoints, step to start from): the newest checkpoint that
     restores, else step 0 when there is none. A damaged state file (`checkpoint`) is set aside
     and the checkpoints are found by name; a damaged newest checkpoint falls back to the one
@@ -214,11 +302,20 @@ def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt):
                                                        all_model_checkpoint_paths=kept)
             manager = tf.train.CheckpointManager(ckpt, str(ckpt_dir),
                                                  max_to_keep=cfg.keep_checkpoints)
-        return manager, int(opt.iterations.numpy())
+        return manager, int(opt.iterations.numpy()) - _warm_start_step(md)
     if failures:
         raise DataError("no checkpoint restores (" + "; ".join(failures) + "); move the "
                         "directory aside or train with --fresh", path=str(ckpt_dir))
+    if cfg.warm_start:
+        _warm_start(cfg.warm_start, md, ckpt, opt, write=write)
     return manager, 0
+
+
+def _warm_start_step(md: Path) -> int:
+    """The optimizer's step count at a warm start (0 without one): a resumed warm-started
+    run's own step is the count less that."""
+    record = warm_start_record(md)
+    return int(record["step"]) if record else 0
 
 
 def remove_partial_checkpoints(ckpt_dir: Path) -> None:

@@ -151,7 +151,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
             model_config(cfg, feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer, lr, rt,
             compile_step=False, optimizer_params=optimizer_params(cfg))
     train_steps = stacked_steps_function(replica_step, rt)
-    manager, start_step = restore_checkpoint(cfg, md, model, opt)
+    manager, start_step = restore_checkpoint(cfg, md, model, opt, write=rt.is_chief)
     heartbeat.beat(force=True)
     log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief, settings=run_settings(cfg),
                      schedule=schedule, tracking=tracking.plan(cfg))

@@ -1,0 +1,93 @@
+"""`ctrtrain train --warm-start EARLIER_MODEL_DIR`: a new run on new data that starts from an
+earlier run's model and optimizer state (the day-by-day retrain of issue 57)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import cli, ctrtrain_here
+
+SMALL = ("--batch-size", 256, "--embedding-size", 4, "--deep-layers", "32,16")
+
+
+@pytest.fixture(scope="module")
+def days(synth_data):
+    """Two "days" of the same hidden model: the synthesized train split (16,000 rows) and
+    its valid split (2,000 rows), and the test split to judge both."""
+    tf = synth_data(rows=20_000, feature_size=2_000)[0] / "tf"
+    return tf / "train", tf / "valid", tf / "test"
+
+
+def checkpoint(md, step):
+    import tensorflow as tf
+    r = tf.train.load_checkpoint(str(md / "checkpoints" / f"ckpt-{step}"))
+    return {k: r.get_tensor(k) for k in r.get_variable_to_shape_map() if "OBJECT_GRAPH" not in k}
+
+
+def test_a_warm_start_goes_on_from_the_earlier_model_and_its_optimizer(days, tmp_path):
+    day1, day2, test = days
+    ctrtrain_here("train", "--train", day1, "--test", test, "--model-dir", tmp_path / "d1",
+                  "--epochs", 1, "--table-updates", "lazy", *SMALL)
+    out = ctrtrain_here("train", "--train", day2, "--test", test, "--model-dir", tmp_path / "d2",
+                        "--epochs", 1, "--table-updates", "lazy", "--warm-start", tmp_path / "d1",
+                        *SMALL)
+    assert f"warm start from {tmp_path / 'd1'} (ckpt-62" in out, out
+    r = json.loads((tmp_path / "d2" / "result.json").read_text())
+    # This run counts its own steps (2,000 rows of batch 256: 7), the optimizer's goes on.
+    assert r["step"] == r["total_steps"] == 7 and r["resumed_from"] == 0
+    assert r["warm_start"] == {"from": str(tmp_path / "d1"), "checkpoint": "ckpt-62", "step": 62}
+    before, after = checkpoint(tmp_path / "d1", 62), checkpoint(tmp_path / "d2", 7)
+    assert after["optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE"] == 62 + 7
+    assert after["optimizer/lr_scale/.ATTRIBUTES/VARIABLE_VALUE"] == 1.0
+    # Lazy table updates: the rows day 2 never read are day 1's, to the bit; those it read moved.
+    table = "model/embeddings/table/.ATTRIBUTES/VARIABLE_VALUE"
+    same = np.all(before[table] == after[table], axis=1)
+    assert 0 < same.sum() < len(same), same.sum()
+    moments = "optimizer/slots/0/moments/.ATTRIBUTES/VARIABLE_VALUE"   # the table's m and v
+    np.testing.assert_array_equal(before[moments][same], after[moments][same])
+    assert not np.array_equal(before[moments][~same], after[moments][~same])
+    # The day-2 model knows day 1: above a run on day 2 alone.
+    ctrtrain_here("train", "--train", day2, "--test", test, "--model-dir", tmp_path / "alone",
+                  "--epochs", 1, "--table-updates", "lazy", *SMALL)
+    alone = json.loads((tmp_path / "alone" / "result.json").read_text())
+    assert r["test"]["auc"] > alone["test"]["auc"] + 0.005, (r["test"], alone["test"])
+
+
+def test_a_warm_started_run_resumes_exactly(days, tmp_path):
+    """Stopped after 3 of its steps and run again, a warm-started run (catch-up table
+    updates: they read the optimizer's step count) ends where the undisturbed one does."""
+    day1, day2, test = days
+    ctrtrain_here("train", "--train", day1, "--model-dir", tmp_path / "d1", "--steps", 20,
+                  "--table-updates", "catchup", *SMALL)
+    common = ("--train", day2, "--table-updates", "catchup", "--warm-start", tmp_path / "d1",
+              "--checkpoint-every", 3, "--no-export", *SMALL)
+    ctrtrain_here("train", "--model-dir", tmp_path / "whole", "--steps", 8, *common)
+    ctrtrain_here("train", "--model-dir", tmp_path / "cut", "--steps", 3, *common)
+    out = ctrtrain_here("train", "--model-dir", tmp_path / "cut", "--steps", 8, *common)
+    assert "resuming from the checkpoint at step 3" in out, out
+    whole, cut = checkpoint(tmp_path / "whole", 8), checkpoint(tmp_path / "cut", 8)
+    assert whole["optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE"] == 28
+    for k in whole:
+        np.testing.assert_array_equal(whole[k], cut[k], err_msg=k)
+
+
+def test_a_warm_start_is_refused_where_it_cannot_hold(days, tmp_path):
+    day1, day2, _ = days
+    ctrtrain_here("train", "--train", day1, "--model-dir", tmp_path / "d1", "--steps", 5,
+                  "--no-export", *SMALL)
+    # Another model shape: named, nothing trained.
+    code, out, err = cli("train", "--train", day2, "--model-dir", tmp_path / "wide", "--steps", 5,
+                         "--warm-start", tmp_path / "d1", "--batch-size", 256,
+                         "--embedding-size", 8, "--deep-layers", "32,16")
+    assert code == 2 and "its model has embedding_size=4, this run 8" in err, err
+    assert not (tmp_path / "wide" / "checkpoints").exists()
+    # No checkpoint where it points.
+    code, out, err = cli("train", "--train", day2, "--model-dir", tmp_path / "x", "--steps", 5,
+                         "--warm-start", tmp_path / "nothing", *SMALL)
+    assert code == 2 and f"warm_start {tmp_path / 'nothing'}: no checkpoint there" in err, err
+    # A directory holding its own run is resumed, never silently warm-started over.
+    code, out, err = cli("train", "--train", day1, "--model-dir", tmp_path / "d1", "--steps", 10,
+                         "--warm-start", tmp_path / "d1", *SMALL)
+    assert code == 2 and "did not start from it" in err and "--fresh" in err, err
