@@ -91,3 +91,24 @@ def test_a_warm_start_is_refused_where_it_cannot_hold(days, tmp_path):
     code, out, err = cli("train", "--train", day1, "--model-dir", tmp_path / "d1", "--steps", 10,
                          "--warm-start", tmp_path / "d1", *SMALL)
     assert code == 2 and "did not start from it" in err and "--fresh" in err, err
+
+
+@pytest.mark.slow
+def test_an_allreduce_job_starts_from_the_model_channel(days, tmp_path):
+    """SageMaker-style: the earlier model (a run's checkpoints directory, as a job's
+    /opt/ml/checkpoints is) given as the `model` channel of a 2-host all-reduce job; every rank
+    starts from it, and the job's result names it."""
+    from test_distributed import launch
+    day1, day2, test = days
+    ctrtrain_here("train", "--train", day1, "--model-dir", tmp_path / "d1", "--steps", 20,
+                  "--batch-size", 256, "--embedding-size", 16, "--no-export")
+    r, job, out = launch(tmp_path, "deepfm-allreduce", test.parent, hyperparameters={
+        "steps": 3, "batch_size": 256}, channels={
+        "training": {"path": str(day2)}, "test": {"path": str(test)},
+        "model": {"path": str(tmp_path / "d1")}})
+    assert r["replicas"] == 2 and r["step"] == 3 and r["mode"] == "allreduce", r
+    assert r["warm_start"] == {"from": "/opt/ml/input/data/model", "checkpoint": "ckpt-20",
+                               "step": 20}, r["warm_start"]
+    assert out.count("warm start from /opt/ml/input/data/model (ckpt-20") == 1, out  # the chief
+    final = checkpoint(tmp_path / "run" / "checkpoints", 3)
+    assert final["optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE"] == 23

@@ -1,5 +1,6 @@
 """The DeepFM recipe as a SageMaker-style entry point: data from SM_CHANNEL_TRAINING (and
-VALIDATION / TEST if present), hyperparameters as `--key value` arguments, the SavedModel
+VALIDATION / TEST if present; MODEL, an earlier job's checkpoints directory to warm-start
+from), hyperparameters as `--key value` arguments, the SavedModel
 written to SM_MODEL_DIR. Checkpoints go to <SM_OUTPUT_DIR>/../checkpoints (SageMaker's
 /opt/ml/checkpoints, shared by every host of the job) so a re-launched job resumes.
 
@@ -21,7 +22,10 @@ from pathlib import Path
 
 # Set by the job, not by hyperparameters: the data and model locations come from the
 # channels and SM_* directories, the mode from the distribution.
-FROM_THE_JOB = ("train_dir", "valid_dir", "test_dir", "model_dir", "mode")
+FROM_THE_JOB = ("train_dir", "valid_dir", "test_dir", "model_dir", "mode", "warm_start")
+# The channel of an earlier model to start from (SageMaker's name for it in incremental
+# training): the earlier job's checkpoints directory, a ctrtrain model directory.
+EARLIER_MODEL = "model"
 
 
 def parse_hyperparameters(argv) -> dict:
@@ -98,6 +102,12 @@ def recipe_config(env, hps: dict):
     # Checkpoints in SageMaker's /opt/ml/checkpoints (beside output/), shared by the hosts.
     ckpt_dir = env.output_dir.parent / "checkpoints"
     valid, test = env.channel("validation"), env.channel("test")
+    earlier = env.channel(EARLIER_MODEL)
+    if earlier and earlier.input_mode == "Pipe":
+        raise ConfigError(f"channel {EARLIER_MODEL} (the model to start from) is Pipe mode: "
+                          "give it as a File channel")
+    if earlier and earlier.path:
+        hps["warm_start"] = earlier.path
     return TrainConfig(train_dir=train_channel.path, valid_dir=valid.path if valid else None,
                        test_dir=test.path if test else None, model_dir=str(ckpt_dir),
                        progress=False, input_mode=train_channel.input_mode, mode=env.mode.value,
