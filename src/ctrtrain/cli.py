@@ -100,9 +100,11 @@ def _data_commands(sub):
     dsub = data.add_subparsers(dest="data_cmd", required=True, metavar="TOOL")
 
     p = dsub.add_parser("synth", help="synthesize Criteo-like data with a known Bayes-optimal AUC")
-    p.add_argument("--out", required=True, help="output directory (gets train/ valid/ test/)")
-    p.add_argument("--rows", type=POSITIVE, default=1_000_000,
-                   help="rows in all: 80%% train, 10%% valid, 10%% test")
+    p.add_argument("--out", required=True,
+                   help="output directory (gets train/ valid/ test/; with --days, day-000/ ...)")
+    p.add_argument("--rows", type=POSITIVE, default=None,
+                   help="rows in all: 80%% train, 10%% valid, 10%% test (default 1,000,000); "
+                        "with --days, a day's (default 100,000)")
     p.add_argument("--feature-size", type=_number(int, 100), default=1_000_000,
                    help="distinct ids (the embedding table's rows): every id is below it")
     p.add_argument("--seed", type=NON_NEGATIVE, default=0,
@@ -111,8 +113,8 @@ def _data_commands(sub):
                    help="exponent of the ids' popularity within a field: lower is a longer "
                         "tail (0.7: about 8,000 distinct ids per 1,024 rows, as real Criteo)")
     p.add_argument("--files-per-split", type=POSITIVE, default=2, help="files of each split")
-    p.add_argument("--numeric-fields", type=NON_NEGATIVE, default=13,
-                   help="Criteo's 13 numeric fields, or fewer")
+    p.add_argument("--numeric-fields", type=NON_NEGATIVE, default=None,
+                   help="Criteo's 13 numeric fields (the default), or fewer")
     p.add_argument("--categorical-fields", type=POSITIVE, default=26,
                    help="the first this many of Criteo's 26 categorical fields (9 with "
                         "--numeric-fields 0: a small 9-field set like MovieLens-style ratings)")
@@ -138,6 +140,21 @@ def _data_commands(sub):
                         "--sequence-fields); 0: none")
     p.add_argument("--processes", type=POSITIVE, default=None, help="default: one per 100,000 rows, at most the CPU count")
     p.add_argument("--overwrite", action="store_true")
+    g = p.add_argument_group(
+        "a stream of days (--days): one data directory a day, ids born and retired every day, "
+        "their meaning drifting, each day's Bayes-optimal AUC known (categorical fields, "
+        "hashed at training time; docs/data.md, 'A stream of days')")
+    g.add_argument("--days", type=POSITIVE, default=None, help="write this many days")
+    g.add_argument("--ids", type=_number(int, 2), default=100_000,
+                   help="live ids on day 0, over all fields (sizes as Criteo's, compressed)")
+    g.add_argument("--birth", type=_number(float, 0.0, 1.0), default=0.05,
+                   help="new ids a day, as a share of a field's live ids (fields of over 100)")
+    g.add_argument("--death", type=_number(float, 0.0, 1.0), default=0.05,
+                   help="ids retired a day (never seen again), as a share of the live ids")
+    g.add_argument("--drift", type=_number(float, 0.0, 1.0), default=0.02,
+                   help="share of each live id's weights' variance renewed a day")
+    g.add_argument("--hash-buckets", type=POSITIVE, default=None,
+                   help="each field's declared hash buckets (default: twice its day-0 ids)")
     p.set_defaults(func=cmd_synth)
 
     p = dsub.add_parser("featurize", help="raw Criteo TSV / CSV -> libsvm fixed fields (vocabulary or hashing)")
@@ -263,10 +280,14 @@ def _data_commands(sub):
 
 
 def cmd_synth(a):
+    if a.days:
+        return _synth_days(a)
     from .data.synth import SynthConfig, synthesize
-    s = synthesize(a.out, SynthConfig(rows=a.rows, feature_size=a.feature_size, seed=a.seed,
-                                      zipf=a.zipf, files_per_split=a.files_per_split,
-                                      numeric_fields=a.numeric_fields,
+    s = synthesize(a.out, SynthConfig(rows=a.rows or 1_000_000, feature_size=a.feature_size,
+                                      seed=a.seed, zipf=a.zipf,
+                                      files_per_split=a.files_per_split,
+                                      numeric_fields=13 if a.numeric_fields is None
+                                      else a.numeric_fields,
                                       categorical_fields=a.categorical_fields,
                                       multi_hot_fields=a.multi_hot_fields,
                                       multi_hot_len=a.multi_hot_len,
@@ -282,6 +303,31 @@ def cmd_synth(a):
         print(f"{name:5s} rows {d['rows']:>10,}  positive rate {d['positive_rate']:.3f}  "
               f"Bayes-optimal AUC {d['bayes_auc']:.4f}  logloss {d['bayes_logloss']:.4f}")
     print(f"wrote {a.out} (field_size {s['field_size']}, feature_size {s['feature_size']:,})")
+
+
+def _synth_days(a):
+    from .data.stream import StreamConfig, day_name, synthesize_days
+    from .errors import ConfigError
+    alone = [flag for flag, given in (
+        ("--numeric-fields", a.numeric_fields), ("--multi-hot-fields", a.multi_hot_fields),
+        ("--sequence-fields", a.sequence_fields), ("--cross3-std", a.cross3_std),
+        ("--attention-std", a.attention_std)) if given]
+    if alone:
+        raise ConfigError(f"{', '.join(alone)}: not in a stream of days (--days writes "
+                          "categorical fields only)")
+    cfg = StreamConfig(days=a.days, rows=a.rows or 100_000, ids=a.ids,
+                       categorical_fields=a.categorical_fields, seed=a.seed, zipf=a.zipf,
+                       birth=a.birth, death=a.death, drift=a.drift,
+                       hash_buckets=a.hash_buckets or 0)
+
+    def said(d):
+        print(f"{day_name(d['day'])} rows {d['rows']:>9,}  positive rate "
+              f"{d['positive_rate']:.3f}  Bayes-optimal AUC {d['bayes_auc']:.4f}  live ids "
+              f"{d['live_ids']:,} (born {d['born']:,}, retired {d['retired']:,})  ids ever "
+              f"{d['ids_ever']:,}", flush=True)
+    s = synthesize_days(a.out, cfg, overwrite=a.overwrite, on_day=said)
+    print(f"wrote {a.out}: {a.days} days (field_size {len(s['field_sizes'])}, hashed into "
+          f"feature_size {s['feature_size']:,})")
 
 
 def _columns(text: str) -> list[str]:
