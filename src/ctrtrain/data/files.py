@@ -19,7 +19,7 @@ _BLOCK = 1 << 24
 # Files a ctrtrain tool writes beside data (never data themselves).
 METADATA_NAMES = (MANIFEST_NAME, "vocab.json", "split.json")
 # What marks a directory as a ctrtrain tool's output (convert/featurize, split, synth).
-OUTPUT_MARKERS = (MANIFEST_NAME, "split.json", "synth.json", INCOMPLETE_NAME)
+OUTPUT_MARKERS = (MANIFEST_NAME, "split.json", "synth.json", "stream.json", INCOMPLETE_NAME)
 
 
 def list_inputs(paths: list[str] | str) -> list[str]:
