@@ -71,3 +71,43 @@ def test_a_stream_refuses_what_it_does_not_write(tmp_path):
     code, _, err = cli("data", "synth", "--out", tmp_path / "s", "--days", 2, "--birth", 1.5)
     assert code == 2 and "--birth" in err, err
     assert not (tmp_path / "s").exists()
+
+
+def test_day_directories_read_as_one_source(tmp_path, synth_data):
+    """`--train day-000 day-001`: several data directories of the same kind as one source,
+    their files by absolute path and their counts summed; directories of other kinds refused
+    by name."""
+    import pytest
+
+    from ctrtrain.data.index import resolve_source
+    from ctrtrain.data.manifest import read_manifest
+    from ctrtrain.data.stream import synthesize_days
+    from ctrtrain.errors import DataError
+    synthesize_days(tmp_path / "s", StreamConfig(days=2, rows=1_000, ids=2_000))
+    days = [str(tmp_path / "s" / f"day-00{d}") for d in (0, 1)]
+    m, root = resolve_source(days)
+    parts = [read_manifest(d) for d in days]
+    assert m.records == 2_000 and m.positives == sum(p.positives for p in parts)
+    assert m.paths(root) == [f"{d}/part-00000.tfrecord" for d in days]
+    assert m.fields == parts[0].fields
+    other = synth_data(rows=20_000, feature_size=2_000)[0] / "tf" / "train"
+    with pytest.raises(DataError, match="differs from .* in field_size"):
+        resolve_source([days[0], str(other)])
+
+
+def test_bench_continual_trains_each_arm_and_tests_it_on_the_next_day(tmp_path):
+    from ctrtrain.data.stream import synthesize_days
+    synthesize_days(tmp_path / "s", StreamConfig(days=3, rows=3_000, ids=3_000))
+    out = ctrtrain_here("bench", "continual", "--stream", tmp_path / "s", "--arms",
+                        "warm,scratch", "--batch-size", 256, "--work-dir", tmp_path / "w",
+                        "--json", tmp_path / "c.json")
+    report = json.loads((tmp_path / "c.json").read_text())
+    rows = {(r["day"], r["arm"]): r for r in report["rows"]}
+    assert sorted(rows) == [(0, "scratch"), (0, "warm"), (1, "scratch"), (1, "warm")]
+    assert rows[0, "warm"]["test_auc"] == rows[0, "scratch"]["test_auc"]   # one run
+    assert rows[1, "scratch"]["train_rows"] == 6_000 and rows[1, "warm"]["train_rows"] == 3_000
+    warm = json.loads((tmp_path / "w" / "runs" / "warm" / "day-001" / "result.json").read_text())
+    assert warm["warm_start"]["from"] == str(tmp_path / "w" / "runs" / "warm" / "day-000")
+    for r in report["rows"]:
+        assert 0.55 < r["test_auc"] < r["bayes_auc"] and r["table_rows"] == 6_000, r
+    assert "| mean / total |" in out and (tmp_path / "c.png").stat().st_size > 0

@@ -531,6 +531,29 @@ def _bench_commands(sub):
     p.add_argument("--work-dir", default="runs/bench-chaos")
     p.add_argument("--json", default=None)
     p.set_defaults(func=cmd_bench_chaos)
+    p = bsub.add_parser("continual", help="a model retrained day by day, tested on the next "
+                                          "day: warm start against retraining from scratch "
+                                          "on all days so far and a day alone")
+    p.add_argument("--stream", default=None, help="a stream of days (`data synth --days`; "
+                   "default: one synthesized in --work-dir with the options below)")
+    p.add_argument("--days", type=_number(int, 2), default=None,
+                   help="the stream's first this many days (default: all; the last is only "
+                        "tested on); with no --stream, the days to synthesize (default 14)")
+    p.add_argument("--rows", type=POSITIVE, default=100_000,
+                   help="a synthesized day's rows")
+    p.add_argument("--ids", type=_number(int, 2), default=100_000,
+                   help="a synthesized stream's live ids (data synth --ids)")
+    p.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a],
+                   default=["warm", "scratch", "day"],
+                   help="warm: the day's data from yesterday's model; scratch: every day so "
+                        "far from nothing; day: the day alone from nothing (comma-separated)")
+    p.add_argument("--epochs", type=POSITIVE, default=1, help="epochs of every run")
+    p.add_argument("--batch-size", type=POSITIVE, default=1024)
+    p.add_argument("--model", choices=list(MODELS), default="deepfm")
+    p.add_argument("--work-dir", default="runs/bench-continual")
+    p.add_argument("--json", default=None, help="also write the report here, and beside it "
+                   "(.png) the next-day AUC and the training time by day")
+    p.set_defaults(func=cmd_bench_continual)
     p = bsub.add_parser("startup", help="where a small run's wall time goes: phases of "
                                         "`ctrtrain train` in fresh processes, and its exit")
     p.add_argument("--train", required=True, help="training data (directory, files or glob)")
@@ -667,6 +690,15 @@ def cmd_bench_chaos(a):
                              a.json)
     if not report["chaos"]["finished"]:
         raise CtrError("the job did not finish with faults (see above)")
+
+
+def cmd_bench_continual(a):
+    from .bench.continual import run_continual_bench
+    synth = {"days": a.days or 14, "rows": a.rows, "ids": a.ids}
+    run_continual_bench(a.stream, a.work_dir, days=a.days if a.stream else None, arms=a.arms,
+                        epochs=a.epochs, settings={"batch_size": a.batch_size,
+                                                   "model": a.model},
+                        json_path=a.json, synth=None if a.stream else synth)
 
 
 def cmd_bench_startup(a):

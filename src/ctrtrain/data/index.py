@@ -7,6 +7,7 @@ and `ctrtrain data index` writes that manifest into the directory once."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from pathlib import Path
@@ -213,12 +214,16 @@ def resolve_source(spec, *, feature_size: int | None = None,
     specs = source_paths(spec)
     if not specs:
         raise DataError("no data path given")
-    for s in specs:
-        if os.path.isdir(s) and os.path.exists(os.path.join(s, MANIFEST_NAME)):
-            if len(specs) == 1:
-                return read_manifest(s), s
-            raise DataError("a data directory with a manifest is read alone: give it as the "
-                            "only path, or give its files", path=s)
+    with_manifest = [s for s in specs
+                     if os.path.isdir(s) and os.path.exists(os.path.join(s, MANIFEST_NAME))]
+    if with_manifest:
+        if len(specs) == 1:
+            return read_manifest(specs[0]), specs[0]
+        if len(with_manifest) == len(specs):
+            return combined_manifest(specs), "/"
+        other = next(s for s in specs if s not in with_manifest)
+        raise DataError("data directories (with manifests) and other paths in one source: "
+                        "give directories only, or files only", path=other)
     files = [os.path.abspath(f) for s in specs for f in expand(s)]
     seen: set[str] = set()
     for f in files:
@@ -231,6 +236,35 @@ def resolve_source(spec, *, feature_size: int | None = None,
               "`ctrtrain data index` writes one once)", flush=True)
         _INDEXED[key] = index_files(files, feature_size=feature_size, label_format=label_format)
     return _INDEXED[key], "/"
+
+
+def combined_manifest(directories: list[str]) -> Manifest:
+    """Several data directories read as one source (a day's directory each: `--train day-000
+    day-001`): their files by absolute path, their records and positives summed. They must
+    hold the same kind of data: format, fields, compression and labels; the table is the
+    largest feature_size among them."""
+    manifests = [read_manifest(d) for d in directories]
+    first, where = manifests[0], directories[0]
+    for d, m in zip(directories[1:], manifests[1:]):
+        for key in ("format", "field_size", "fields", "compression", "label_format"):
+            if getattr(m, key) != getattr(first, key):
+                raise DataError(f"its data differs from {where}'s in {key} "
+                                f"({getattr(m, key)!r} against {getattr(first, key)!r}): "
+                                "directories read as one source hold the same kind of data",
+                                path=d)
+    vocabularies = {os.path.abspath(os.path.join(d, m.vocabulary))
+                    for d, m in zip(directories, manifests) if m.vocabulary}
+    if len(vocabularies) > 1:
+        raise DataError("the directories were featurized with different vocabularies "
+                        f"({', '.join(sorted(vocabularies))}): their ids mean different values",
+                        path=where)
+    files = [dataclasses.replace(f, path=os.path.abspath(os.path.join(d, f.path)))
+             for d, m in zip(directories, manifests) for f in m.files]
+    return dataclasses.replace(
+        first, files=files, feature_size=max(m.feature_size for m in manifests),
+        positives=sum(m.positives for m in manifests),
+        skipped_rows=[r for m in manifests for r in m.skipped_rows],
+        vocabulary=vocabularies.pop() if vocabularies else None, extra={})
 
 
 _INDEXED: dict = {}   # this process's indexes (evaluation reads a split many times)

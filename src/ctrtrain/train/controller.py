@@ -359,7 +359,10 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
         result["predictions"] = write_predictions(
             md / PREDICTIONS if cfg.predictions == "auto" else Path(cfg.predictions), probs, labels)
     if cfg.export:
-        vocab = str(Path(cfg.train_dir) / manifest.vocabulary) if manifest.vocabulary else None
+        # A source of several directories names its vocabulary by absolute path.
+        vocab = None if not manifest.vocabulary else manifest.vocabulary \
+            if Path(manifest.vocabulary).is_absolute() else \
+            str(Path(cfg.train_dir) / manifest.vocabulary)
         # Named after the step of the model it holds (the best one, if restored).
         result["export"] = export_saved_model(
             trainer.model, md / "export", model_step,
