@@ -46,6 +46,9 @@ class DynamicIds(tf.Module):
         self.count = tf.Variable(tf.zeros([rows], tf.int64), trainable=False, name="count")
         self.seen = tf.Variable(tf.fill([rows], tf.constant(_FREE, tf.int64)), trainable=False,
                                 name="seen")
+        # Slots never held yet: fresh .. rows - 1. Until the pool first fills, new ids take
+        # them in order, O(new ids) a step; then every claim ranks the whole pool, O(rows).
+        self.fresh = tf.Variable(tf.constant(1, tf.int64), trainable=False, name="fresh")
 
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
         """Table rows of `keys` without changing anything (evaluation, serving): an id with no
@@ -80,6 +83,29 @@ class DynamicIds(tf.Module):
 
     def _claim(self, new: tf.Tensor, new_counts: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
         """Slots for the new ids, as many as can be given; returns them."""
+        k = tf.size(new, out_type=tf.int64)
+        chosen = tf.cond(self.fresh + k <= self.rows, lambda: self._fresh(k),
+                         lambda: self._ranked(k, step))
+        n = tf.size(chosen)
+        given = tf.gather(self.key, chosen)
+        was_held = tf.gather(self.seen, chosen) != _FREE
+        self.slots.remove(tf.boolean_mask(given, was_held))
+        keys, counts = new[:n], new_counts[:n]
+        self.slots.insert(keys, chosen)
+        self.key.scatter_update(tf.IndexedSlices(keys, chosen))
+        self.count.scatter_update(tf.IndexedSlices(counts, chosen))
+        self.seen.scatter_update(tf.IndexedSlices(tf.fill([n], step), chosen))
+        return chosen
+
+    def _fresh(self, k: tf.Tensor) -> tf.Tensor:
+        first = self.fresh.read_value()
+        with tf.control_dependencies([first]):
+            self.fresh.assign_add(k)
+        return tf.range(first, first + k)
+
+    def _ranked(self, k: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+        """Up to k slots by priority, once no slot is fresh."""
+        self.fresh.assign(self.rows)
         seen, count = self.seen.read_value(), self.count.read_value()
         free = tf.equal(seen, _FREE)
         expired = tf.logical_and(~free, step - seen > self.ttl) if self.ttl else \
@@ -91,20 +117,10 @@ class DynamicIds(tf.Module):
         blocked = tf.logical_or(tf.equal(tf.range(self.rows, dtype=tf.int64), 0),
                                 tf.logical_and(~free, tf.equal(seen, step)))
         priority = tf.where(blocked, tf.constant(_NEVER, tf.int64), priority)
-        k = tf.minimum(tf.size(new), self.rows)
-        best = tf.math.top_k(tf.cast(priority, tf.float64), k=k, sorted=True)
+        best = tf.math.top_k(tf.cast(priority, tf.float64),
+                             k=tf.cast(tf.minimum(k, self.rows), tf.int32), sorted=True)
         usable = best.values > float(_NEVER)
-        chosen = tf.cast(tf.boolean_mask(best.indices, usable), tf.int64)
-        n = tf.size(chosen)
-        given = tf.gather(self.key, chosen)
-        was_held = tf.gather(seen, chosen) != _FREE
-        self.slots.remove(tf.boolean_mask(given, was_held))
-        keys, counts = new[:n], new_counts[:n]
-        self.slots.insert(keys, chosen)
-        self.key.scatter_update(tf.IndexedSlices(keys, chosen))
-        self.count.scatter_update(tf.IndexedSlices(counts, chosen))
-        self.seen.scatter_update(tf.IndexedSlices(tf.fill([n], step), chosen))
-        return chosen
+        return tf.cast(tf.boolean_mask(best.indices, usable), tf.int64)
 
     def live(self, step=None) -> tf.Tensor:
         """Slots held by an id (with `step` and a ttl: seen within the ttl)."""
