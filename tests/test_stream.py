@@ -99,7 +99,8 @@ def test_bench_continual_trains_each_arm_and_tests_it_on_the_next_day(tmp_path):
     from ctrtrain.data.stream import synthesize_days
     synthesize_days(tmp_path / "s", StreamConfig(days=3, rows=3_000, ids=3_000))
     out = ctrtrain_here("bench", "continual", "--stream", tmp_path / "s", "--arms",
-                        "warm,scratch", "--batch-size", 256, "--work-dir", tmp_path / "w",
+                        "warm,scratch", "--batch-size", 256, "--embedding-size", 8,
+                        "--work-dir", tmp_path / "w",
                         "--json", tmp_path / "c.json")
     report = json.loads((tmp_path / "c.json").read_text())
     rows = {(r["day"], r["arm"]): r for r in report["rows"]}
@@ -110,4 +111,5 @@ def test_bench_continual_trains_each_arm_and_tests_it_on_the_next_day(tmp_path):
     assert warm["warm_start"]["from"] == str(tmp_path / "w" / "runs" / "warm" / "day-000")
     for r in report["rows"]:
         assert 0.55 < r["test_auc"] < r["bayes_auc"] and r["table_rows"] == 6_000, r
+        assert r["table_bytes"] == 6_000 * (8 + 1) * 4 * 3, r    # the rows, Adam's m and v
     assert "| mean / total |" in out and (tmp_path / "c.png").stat().st_size > 0

@@ -549,6 +549,8 @@ def _bench_commands(sub):
                         "far from nothing; day: the day alone from nothing (comma-separated)")
     p.add_argument("--epochs", type=POSITIVE, default=1, help="epochs of every run")
     p.add_argument("--batch-size", type=POSITIVE, default=1024)
+    p.add_argument("--embedding-size", type=POSITIVE, default=16,
+                   help="every arm's (auto would give a run on more rows a wider model)")
     p.add_argument("--model", choices=list(MODELS), default="deepfm")
     p.add_argument("--work-dir", default="runs/bench-continual")
     p.add_argument("--json", default=None, help="also write the report here, and beside it "
@@ -697,6 +699,7 @@ def cmd_bench_continual(a):
     synth = {"days": a.days or 14, "rows": a.rows, "ids": a.ids}
     run_continual_bench(a.stream, a.work_dir, days=a.days if a.stream else None, arms=a.arms,
                         epochs=a.epochs, settings={"batch_size": a.batch_size,
+                                                   "embedding_size": a.embedding_size,
                                                    "model": a.model},
                         json_path=a.json, synth=None if a.stream else synth)
 

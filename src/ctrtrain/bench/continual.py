@@ -54,7 +54,9 @@ def run_continual_bench(stream: str | None, work_dir: str, *, days: int | None =
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
         raise ConfigError(f"--arms: {', '.join(unknown) or 'none'}: choose from {', '.join(ARMS)}")
-    settings = {"batch_size": 1024, **(settings or {})}
+    # Fixed for every arm: `auto` would size the model by the rows a run trains on, and the
+    # scratch arm, on every day so far, would train a wider one than the others.
+    settings = {"batch_size": 1024, "embedding_size": 16, **(settings or {})}
     flags = [f for k, v in settings.items() for f in (f"--{k.replace('_', '-')}", str(v))]
     rows = []
     for d in range(total - 1):
@@ -98,8 +100,7 @@ def run_continual_bench(stream: str | None, work_dir: str, *, days: int | None =
 
 def _table_width(cfg: dict) -> int:
     """Floats a table row holds: the embedding and the linear weight beside it."""
-    size = cfg.get("embedding_size")
-    return (int(size) if str(size).isdigit() else 16) + 1
+    return int(cfg["embedding_size"]) + 1
 
 
 def summarize(rows: list[dict], arms) -> dict:
