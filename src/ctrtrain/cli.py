@@ -548,10 +548,11 @@ def _bench_commands(sub):
                    help="warm: the day's data from yesterday's model; scratch: every day so "
                         "far from nothing; day: the day alone from nothing (comma-separated)")
     p.add_argument("--epochs", type=POSITIVE, default=1, help="epochs of every run")
-    p.add_argument("--batch-size", type=POSITIVE, default=1024)
+    p.add_argument("--batch-size", type=POSITIVE, default=1024, help="every run's batch size")
     p.add_argument("--embedding-size", type=POSITIVE, default=16,
                    help="every arm's (auto would give a run on more rows a wider model)")
-    p.add_argument("--model", choices=list(MODELS), default="deepfm")
+    p.add_argument("--model", choices=list(MODELS), default="deepfm",
+                   help="the model every arm trains")
     p.add_argument("--work-dir", default="runs/bench-continual")
     p.add_argument("--json", default=None, help="also write the report here, and beside it "
                    "(.png) the next-day AUC and the training time by day")
