@@ -65,7 +65,8 @@ def run_continual_bench(stream: str | None, work_dir: str, *, days: int | None =
         for arm in arms:
             # On day 0 every arm is the same run (the first day, from nothing): run once.
             md = work / "runs" / (arms[0] if d == 0 else arm) / day_name(d)
-            train = [stream / day_name(k) for k in (range(d + 1) if arm == "scratch" else [d])]
+            read = list(range(d + 1)) if arm == "scratch" else [d]   # the days it trains on
+            train = [stream / day_name(k) for k in read]
             cmd = [sys.executable, "-m", "ctrtrain.cli", "train", "--quiet", "--fresh",
                    "--model-dir", str(md), "--test", str(test), "--epochs", str(epochs),
                    "--no-export", *flags, "--train", *map(str, train)]
@@ -80,8 +81,7 @@ def run_continual_bench(stream: str | None, work_dir: str, *, days: int | None =
             table_rows = int(cfg["feature_size"])
             row = {"day": d, "arm": arm, "test_day": d + 1, "test_auc": r["test"]["auc"],
                    "test_logloss": r["test"]["logloss"], "bayes_auc": bayes,
-                   "train_rows": sum(info["days"][k]["rows"] for k in
-                                     (range(d + 1) if arm == "scratch" else [d])),
+                   "train_rows": sum(info["days"][k]["rows"] for k in read),
                    "train_s": r["phases_s"]["training"],
                    "examples_per_s": r.get("examples_per_s"), "table_rows": table_rows,
                    "table_bytes": table_rows * width * 4 * (1 + SLOTS.get(cfg["optimizer"], 2))}
