@@ -92,4 +92,6 @@ def test_two_maps_fed_the_same_batches_agree_inside_a_function():
         rb, cb = step_b(keys, step)
         np.testing.assert_array_equal(ra.numpy(), rb.numpy())
         np.testing.assert_array_equal(ca.numpy(), cb.numpy())
-    assert int(a.live()) == 31
+    # A sweep gives back an eighth of the pool at once (4 rows here), some of them queued
+    # free until new keys claim them: never more than the pool, never far below it.
+    assert 31 - 4 <= int(a.live()) <= 31

@@ -76,6 +76,10 @@ class Field:
     hash_base: int = 0         # ... from this one
     boundaries: tuple = ()     # numeric: also bucketized into an id at these boundaries ...
     bucket_base: int = 0       # ... the first bucket's id
+    # A run's setting, never declared by the data (train --dynamic-fields): a hashed
+    # categorical field read as raw 64-bit keys, which the model maps onto its buckets as
+    # ids claim and give back rows (models/engine/dynamic.py).
+    dynamic: bool = False
 
     def to_json(self) -> dict:
         d = {"name": self.name, "kind": self.kind}
@@ -136,6 +140,33 @@ class Schema:
 
     def to_json(self) -> list[dict]:
         return [f.to_json() for f in self.fields]
+
+    def with_dynamic(self, names) -> "Schema":
+        """The schema with fields `names` (or every hashed categorical field: "all") read as
+        raw keys for a dynamic table; a name that is not a hashed categorical field is
+        refused by name (ConfigError)."""
+        from ..errors import ConfigError
+        if not names:
+            return self
+        hashed = [f.name for f in self.of("categorical") if f.hash_buckets]
+        chosen = set(hashed) if names == "all" or tuple(names) == ("all",) else set(names)
+        if not chosen:
+            raise ConfigError("dynamic_fields all: the data has no hashed categorical field "
+                              "(declared with hash_buckets; docs/fields.md)")
+        for name in sorted(chosen - set(hashed)):
+            what = next((f"a {f.kind} field" if f.kind != "categorical" else
+                         "a categorical field of ids, not hashed" for f in self.fields
+                         if f.name == name), "not a declared field")
+            raise ConfigError(f"dynamic_fields: {name} is {what}; a dynamic field is a "
+                              f"hashed categorical one (the data's: {', '.join(hashed) or 'none'})")
+        return Schema(tuple(dataclasses.replace(f, dynamic=f.name in chosen)
+                            for f in self.fields))
+
+    def dynamic_pools(self) -> tuple[tuple[int, int, int], ...]:
+        """(ids column, first row, rows) of each dynamic field: its column in the batch's
+        `ids` (the categorical fields' order) and its buckets, the pool its keys claim."""
+        return tuple((j, f.hash_base, f.hash_buckets)
+                     for j, f in enumerate(self.of("categorical")) if f.dynamic)
 
     @classmethod
     def from_json(cls, fields, where: str = "manifest") -> "Schema":

@@ -146,14 +146,30 @@ def _outside_reserved_spans(parsed, schema) -> list:
         for lo, hi, name, what in spans]
 
 
+# A dynamic field's keys: Fingerprint64 of the raw value into [0, 2^63 - 1), the int64 a
+# hash table takes; two of a field's values share a key with probability ~ n^2 / 2^64.
+DYNAMIC_KEYS = 2 ** 63 - 1
+
+
+def dynamic_salt(name: str) -> int:
+    """A field's salt in [0, 2^62): its keys XOR it, so equal values of two fields are two
+    keys (models/engine/dynamic.py holds every dynamic field's keys in one map)."""
+    import hashlib
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 2
+
+
 def field_ids(field, values):
     """A field's int64 ids from its parsed feature (dense or ragged): a hashed field's strings
-    become hash_base + Fingerprint64 mod hash_buckets (data/schema.py), here for training,
-    evaluation and the exported model alike."""
+    become hash_base + Fingerprint64 mod hash_buckets (data/schema.py), a dynamic field's
+    their raw keys (the model maps them onto its buckets), here for training, evaluation and
+    the exported model alike."""
     if not field.hash_buckets:
         return values
 
     def hashed(s):
+        if field.dynamic:     # salted by the field's name: one map holds every field's keys
+            return tf.bitwise.bitwise_xor(tf.strings.to_hash_bucket_fast(s, DYNAMIC_KEYS),
+                                          dynamic_salt(field.name))
         return tf.strings.to_hash_bucket_fast(s, field.hash_buckets) + field.hash_base
     if isinstance(values, tf.RaggedTensor):
         return tf.ragged.map_flat_values(hashed, values)
@@ -181,12 +197,16 @@ def parse_libsvm_batch(lines, field_size: int, label_format: str = "01"):
 BAD_BATCH = "ctrtrain: a batch holds a record that is not valid"
 
 
-def _bad_rows(b, feature_size: int) -> list:
+def _bad_rows(b, feature_size: int, keys: tuple[int, ...] = ()) -> list:
     """(per-row bool [B], what is wrong) for each check a record must pass: ids inside the
-    table (-1 pads a bag), finite values."""
+    table (-1 pads a bag; `keys`: the ids columns of dynamic fields, any key >= 0), finite
+    values."""
     def rows(checks):       # per row, without copying the batch into one tensor
         return ~tf.math.reduce_all(tf.stack([tf.reduce_all(c, axis=1) for c in checks]), 0)
-    ids_ok = [(b["ids"] >= 0) & (b["ids"] < feature_size)]
+    in_table = b["ids"] < feature_size
+    if keys:
+        in_table |= tf.constant([j in keys for j in range(b["ids"].shape[1])])[None, :]
+    ids_ok = [(b["ids"] >= 0) & in_table]
     finite = [tf.math.is_finite(b["values"])]
     if "numeric" in b:
         finite.append(tf.math.is_finite(b["numeric"]))
@@ -197,24 +217,30 @@ def _bad_rows(b, feature_size: int) -> list:
             (rows(finite), "a value that is not finite")]
 
 
-def check_batch(b, feature_size: int):
+def dynamic_columns(schema) -> tuple[int, ...]:
+    """The ids columns that hold a dynamic field's raw keys (none without a schema)."""
+    return tuple(c for c, _, _ in schema.dynamic_pools()) if schema is not None else ()
+
+
+def check_batch(b, feature_size: int, keys: tuple[int, ...] = ()):
     """Fails the batch (InvalidArgumentError carrying BAD_BATCH) if a label is not 0/1, an id
     is outside the table or a value is not finite: such a record would train a wrong model or
     crash the lookup with no place named. The reader then finds the record (explain_error).
     A handful of element-wise ops per batch, small beside a training step."""
     ok = tf.reduce_all((b["label"] == 0.0) | (b["label"] == 1.0))
-    for bad, _ in _bad_rows(b, feature_size):
+    for bad, _ in _bad_rows(b, feature_size, keys):
         ok &= ~tf.reduce_any(bad)
     with tf.control_dependencies([tf.debugging.Assert(ok, [BAD_BATCH])]):
         return {k: tf.identity(v) for k, v in b.items()}
 
 
-def check_request(features, feature_size: int):
+def check_request(features, feature_size: int, keys: tuple[int, ...] = ()):
     """A serving request's features, or InvalidArgumentError naming the first record (0-based,
     in the request) that training would refuse: an id outside the table or a value that is
-    not finite, which the model would otherwise score as if valid (or answer NaN)."""
+    not finite, which the model would otherwise score as if valid (or answer NaN). `keys`:
+    the ids columns of dynamic fields (raw keys)."""
     asserts = []
-    for bad, what in _bad_rows(features, feature_size):
+    for bad, what in _bad_rows(features, feature_size, keys):
         first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
         asserts.append(tf.debugging.Assert(~tf.reduce_any(bad), [tf.strings.format(
             "ctrtrain: record {} of the request has " + what, first)]))
@@ -338,8 +364,9 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
     parse = batch_parser(field_size, fmt=fmt, cfg=cfg, schema=schema)
     if record_shard:
         ds = ds.shard(*record_shard)
+    keys = dynamic_columns(schema)
     if training and cfg.cache:      # the read order kept: blocks of a file taken apart
-        return in_memory_batches(ds.unbatch() if blocked else ds, parse, cfg, skip_batches)
+        return in_memory_batches(ds.unbatch() if blocked else ds, parse, cfg, skip_batches, keys)
     block = read_block(cfg)
     if block > 1 and not blocked:
         ds = ds.batch(block)
@@ -363,7 +390,8 @@ def batches(ds: tf.data.Dataset, field_size: int, *, fmt: str, cfg: PipelineConf
     if cfg.parse == "vectorized":
         ds = ds.map(plain(parse), num_parallel_calls=AUTOTUNE)
     if cfg.feature_size:
-        ds = ds.map(plain(lambda b: check_batch(b, cfg.feature_size)), num_parallel_calls=AUTOTUNE)
+        ds = ds.map(plain(lambda b: check_batch(b, cfg.feature_size, keys)),
+                    num_parallel_calls=AUTOTUNE)
     return ds.prefetch(AUTOTUNE)
 
 
@@ -377,7 +405,7 @@ def batch_parser(field_size: int, *, fmt: str, cfg: PipelineConfig, schema=None)
 
 
 def in_memory_batches(records: tf.data.Dataset, parse, cfg: PipelineConfig,
-                      skip_batches: int) -> tf.data.Dataset:
+                      skip_batches: int, keys: tuple[int, ...] = ()) -> tf.data.Dataset:
     """Training batches from records parsed once, in one call, and kept as tensors: each epoch
     a permutation of all of them, single records whatever shuffle_buffer and read_block say
     (shuffle_buffer 0: the read order), drawn from (seed, epoch) alone, so a resumed run skips
@@ -385,7 +413,7 @@ def in_memory_batches(records: tf.data.Dataset, parse, cfg: PipelineConfig,
     batch gathered from the tensors. Checked once (check_batch), not per batch."""
     whole = records.batch(1 << 40).map(plain(parse))  # one element; batch reserves <= 65,536
     if cfg.feature_size:
-        whole = whole.map(plain(lambda b: check_batch(b, cfg.feature_size)))
+        whole = whole.map(plain(lambda b: check_batch(b, cfg.feature_size, keys)))
     seed = cfg.seed if cfg.seed is not None else random.getrandbits(31)
 
     def epochs(t):
@@ -407,10 +435,13 @@ def in_memory_batches(records: tf.data.Dataset, parse, cfg: PipelineConfig,
 
 def dataset_from_dir(data_dir, cfg: PipelineConfig = PipelineConfig(), **kwargs):
     """make_dataset over a data directory (TFRecord or libsvm), from its manifest -- or over
-    files, a glob or a directory without one, indexed first (data/index.py)."""
+    files, a glob or a directory without one, indexed first (data/index.py). `dynamic`: the
+    model's dynamic fields (read as raw keys: data/schema.py Schema.with_dynamic)."""
     from ..data.index import resolve_source
     m, root = resolve_source(data_dir)
     if m.format == "libsvm":
         cfg = dataclasses.replace(cfg, label_format=m.label_format)
+    dynamic = kwargs.pop("dynamic", None)
+    schema = m.schema.with_dynamic(dynamic) if m.schema is not None else None
     return make_dataset(m.paths(root), m.field_size, fmt=m.format, compression=m.compression,
-                        cfg=cfg, schema=m.schema, **kwargs), m
+                        cfg=cfg, schema=schema, **kwargs), m

@@ -13,6 +13,7 @@ import dataclasses
 import tensorflow as tf
 
 from .blocks import NumericLinear
+from .engine.dynamic import DynamicIds
 from .engine.tables import EMBEDDING_INIT, EmbeddingTable, shards
 
 
@@ -45,6 +46,11 @@ class ModelConfig:
                                              # sequence field, in field order
     fields: tuple[tuple[str, str], ...] = ()   # declared fields' (name, kind), in declaration
                                                # order; () for the fixed schema
+    dynamic: tuple[tuple[int, int, int], ...] = ()   # (ids column, first row, rows) of each
+                                                     # dynamic field (data/schema.py
+                                                     # dynamic_pools): its ids are raw keys
+    dynamic_admit: int = 1        # times a key is seen before it claims a row
+    dynamic_ttl: int = 0          # steps unseen after which a row is given back first
     model: str = "deepfm"         # the model's name (models/__init__.py MODELS)
     options: dict = dataclasses.field(default_factory=dict)   # the model's own options
 
@@ -97,6 +103,10 @@ class CTRModel(tf.Module):
         if cfg.embedding_init is None:
             cfg = dataclasses.replace(cfg, embedding_init=self.embedding_init)
         self.embeddings = EmbeddingTable(cfg, self.first_order)
+        # Dynamic fields: one map of their raw keys onto their buckets (a pool each).
+        self.dynamic = DynamicIds(admit=cfg.dynamic_admit, ttl=cfg.dynamic_ttl,
+                                  pools=[(base, rows) for _, base, rows in cfg.dynamic]) \
+            if cfg.dynamic else None
         # Starting at the data's base rate, early steps are calibrated on rare-positive data
         # instead of spending themselves on moving the bias from 0.5.
         self.bias = tf.Variable(float(cfg.initial_bias), name="bias")
@@ -131,11 +141,45 @@ class CTRModel(tf.Module):
         own = [v for b in self.blocks for v in b.variables_to_update()]
         return [v for var in [self.bias] + own for v in shards(var)]
 
-    def __call__(self, features, training: bool = False, read_rows=None):
+    def _keys(self, features):
+        """The dynamic fields' columns of the batch's ids [B, dynamic fields]."""
+        return tf.gather(features["ids"], [c for c, _, _ in self.cfg.dynamic], axis=1)
+
+    def claim_rows(self, features, step):
+        """Training, before the forward pass: the dynamic fields' keys in the batch counted
+        and new ones given rows (DynamicIds.assign). Returns (the batch with table rows in
+        place of keys, for __call__'s `keys_mapped`; the rows claimed [n], whose vectors and
+        optimizer state the caller renews: train/step.py)."""
+        rows, claimed = self.dynamic.assign(self._keys(features), step)
+        return self._with_rows(features, rows), claimed
+
+    def table_ids(self, features):
+        """The batch with its dynamic fields' keys replaced by their rows (read only: a key
+        without a row reads its pool's shared row)."""
+        if self.dynamic is None:
+            return features
+        return self._with_rows(features, self.dynamic.lookup(self._keys(features)))
+
+    def _with_rows(self, features, rows):
+        """The batch's ids with the dynamic fields' columns replaced by `rows` [B, dynamic]:
+        one concat and one gather of static columns (a column at a time cost two ops each)."""
+        ids = features["ids"]
+        width, dynamic = ids.shape[1], [c for c, _, _ in self.cfg.dynamic]
+        if dynamic == list(range(width)):
+            return {**features, "ids": rows}
+        columns = list(range(width))
+        for j, c in enumerate(dynamic):
+            columns[c] = width + j
+        return {**features, "ids": tf.gather(tf.concat([ids, rows], 1), columns, axis=1)}
+
+    def __call__(self, features, training: bool = False, read_rows=None,
+                 keys_mapped: bool = False):
         """Returns (logits [B], the dense kernels' L2 penalty) of a batch's features (ids,
-        values; with declared fields also numeric, bag_ids, bag_weights: data/schema.py)."""
+        values; with declared fields also numeric, bag_ids, bag_weights: data/schema.py).
+        `keys_mapped`: the dynamic fields' keys are already rows (claim_rows)."""
         logits = self.bias
-        embedded = self.embeddings(features, read_rows)
+        embedded = self.embeddings(features if keys_mapped else self.table_ids(features),
+                                   read_rows)
         for term in self.terms(embedded, training):
             logits = logits + term
         if self.numeric_linear is not None:

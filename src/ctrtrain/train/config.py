@@ -55,7 +55,8 @@ AUTO_SMALL = {"batch_size": 256, "embedding_size": 4}
 AUTO_LARGE = {"batch_size": 1024, "embedding_size": 16}
 MODES = tuple(m.value for m in Mode)
 # The model settings every model reads (the others: each model's `reads`, models/__init__.py).
-UNIVERSAL = ("model", "l2_reg", "l2_embedding", "output_bias")
+UNIVERSAL = ("model", "l2_reg", "l2_embedding", "output_bias", "dynamic_fields",
+             "dynamic_admit", "dynamic_ttl")
 # The public SageMaker DeepFM sample's hyperparameter names for the same settings.
 ALIASES = {"num_epochs": "epochs", "log_steps": "log_every"}
 
@@ -94,6 +95,13 @@ def _source(v):
         paths = [p for p in map(_path, v) if p]
         return paths[0] if len(paths) == 1 else (paths or None)
     return _path(v)
+
+
+def _field_name(v):
+    text = str(v).strip()
+    if not text:
+        raise ValueError("give field names, or all")
+    return text
 
 
 def _fields(v):
@@ -185,6 +193,17 @@ class TrainConfig:
                                  "DeepCTR's DenseFeat) | both (the row times the value in "
                                  "every block, and the value into the deep part's input "
                                  "too)", _choice("embedding", "value", "both"))
+    dynamic_fields: tuple[str, ...] | None = setting(
+        None, "model", "hashed categorical fields (or all) read as raw values: each value "
+        "claims a row of the field's buckets for itself when first seen (dynamic_admit), the "
+        "least often seen give theirs back when they are all held (docs/continual.md); one "
+        "process (mode single) for now", items(_field_name))
+    dynamic_admit: int = setting(1, "model", "a dynamic field's value gets a row of its own "
+                                 "once seen this many times (before: a row shared by the "
+                                 "field's unadmitted values)", number(int, 1))
+    dynamic_ttl: int = setting(0, "model", "a dynamic field's row not seen for this many "
+                               "training steps is given back before any other (0: no expiry)",
+                               number(int, 0))
     output_bias: str = setting("prior", "model", "the output bias at the start: prior (the "
                                "logit of the training data's positive rate) | zero",
                                _choice("prior", "zero"))
@@ -438,6 +457,9 @@ def check_config(cfg: TrainConfig):
     for name in ("train_dir", "valid_dir", "test_dir"):
         if isinstance(getattr(cfg, name), (list, tuple)):   # one path in a list: that path
             setattr(cfg, name, _source(getattr(cfg, name)))
+    if cfg.dynamic_fields and cfg.mode != Mode.SINGLE:
+        raise ConfigError(f"dynamic_fields: mode {cfg.mode} is not supported yet; a dynamic "
+                          "table trains in one process (mode single)")
     if cfg.fields and cfg.input_mode != "Pipe":
         raise ConfigError("fields is for a Pipe channel: File data declares its fields in its "
                           "manifest")
@@ -574,10 +596,21 @@ def optimizer_params(cfg: TrainConfig) -> dict:
     return {**own, "table_updates": cfg.table_updates, "table_l2": l2e}
 
 
+def run_schema(cfg: TrainConfig, m):
+    """The training data's declared fields as this run's model reads them: its dynamic
+    fields marked (data/schema.py Schema.with_dynamic); None for the fixed schema."""
+    if m.schema is None:
+        if cfg.dynamic_fields:
+            raise ConfigError("dynamic_fields: the data declares no fields (the fixed schema "
+                              "has no hashed categorical field; docs/fields.md)")
+        return None
+    return m.schema.with_dynamic(cfg.dynamic_fields)
+
+
 def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
                  positive_rate: float | None = None, schema=None):
     """`positive_rate`: the training data's (manifest), for output_bias prior; `schema`: its
-    declared fields (data/schema.py), None for the fixed schema."""
+    declared fields as the run reads them (run_schema), None for the fixed schema."""
     from ..models.base import ModelConfig
     l2d = cfg.l2_reg if cfg.l2_dense is None else cfg.l2_dense
     bias = 0.0
@@ -594,5 +627,7 @@ def model_config(cfg: TrainConfig, feature_size: int, field_size: int,
                         bags=tuple((f.max_len, f.pooling) for f in schema.lists())
                         if schema else (),
                         fields=tuple((f.name, f.kind) for f in schema.fields) if schema else (),
+                        dynamic=schema.dynamic_pools() if schema else (),
+                        dynamic_admit=cfg.dynamic_admit, dynamic_ttl=cfg.dynamic_ttl,
                         model=cfg.model,
                         options={name: getattr(cfg, name) for name in MODELS[cfg.model].options})

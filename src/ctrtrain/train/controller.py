@@ -95,7 +95,7 @@ class ChiefActions:
         self.settle()
         split_dir = self.cfg.valid_dir if name == "valid" else self.cfg.test_dir
         return evaluate_split(split_dir, name, self.predict, self.log, step, self.feature_size,
-                              keep=keep)
+                              keep=keep, dynamic=self.cfg.dynamic_fields)
 
     def agree(self, decision: int) -> int:
         return decision     # one process decides
@@ -363,16 +363,19 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
         vocab = None if not manifest.vocabulary else manifest.vocabulary \
             if Path(manifest.vocabulary).is_absolute() else \
             str(Path(cfg.train_dir) / manifest.vocabulary)
+        from .config import run_schema
+        schema = run_schema(cfg, manifest)
+        dynamic = [f.name for f in schema.fields if f.dynamic] if schema else []
         # Named after the step of the model it holds (the best one, if restored).
         result["export"] = export_saved_model(
             trainer.model, md / "export", model_step,
             {"model": cfg.model, "field_size": manifest.field_size, "feature_size": feature_size,
              **({"fields": manifest.fields} if manifest.fields else {}),
+             **({"dynamic_fields": dynamic} if dynamic else {}),
              **({"numeric_input": trainer.model.cfg.numeric_input}
                 if trainer.model.cfg.numeric_fields else {}),
              "step": model_step, "trained_steps": outcome.step, "test": result["test"],
-             "valid": result["valid"], "mode": cfg.mode}, vocab,
-            schema=manifest.schema)
+             "valid": result["valid"], "mode": cfg.mode}, vocab, schema=schema)
         log.event("export", step=outcome.step, path=result["export"], model_step=model_step)
     clock.lap("export")
     result["phases_s"] = clock.phases

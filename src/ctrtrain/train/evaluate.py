@@ -44,22 +44,24 @@ def make_predict_fn(model):
 
 
 def evaluate_split(split_dir, name: str, predict, log, step: int, feature_size: int | None,
-                   keep: bool = False) -> dict | None:
+                   keep: bool = False, dynamic=None) -> dict | None:
     """Exact AUC and logloss of a data directory (None without one), logged as an `eval`
-    event; a read error names the file and record. keep: also return `labels` and `probs`."""
+    event; a read error names the file and record. keep: also return `labels` and `probs`;
+    `dynamic`: the model's dynamic fields (read as raw keys)."""
     if not split_dir:
         return None
     from ..input.pipeline import PipelineConfig, dataset_from_dir, explain_error
     heartbeat.beat(force=True)
     ds, m = dataset_from_dir(split_dir, PipelineConfig(batch_size=8192, feature_size=feature_size),
-                             training=False)
+                             training=False, dynamic=dynamic)
     try:
         y, p = predict_probs(predict, ds)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
         raise explain_error(e, source_files(split_dir), fmt=m.format, field_size=m.field_size,
                             feature_size=feature_size or m.feature_size,
                             compression=m.compression, label_format=m.label_format,
-                            what=f"{name} split", schema=m.schema) from None
+                            what=f"{name} split",
+                            schema=m.schema.with_dynamic(dynamic) if m.schema else None) from None
     heartbeat.beat(force=True)
     r = {"auc": roc_auc(y, p), "logloss": logloss(y, p), "examples": int(y.size),
          "positive_rate": float(y.mean()) if y.size else float("nan")}

@@ -55,7 +55,9 @@ class _Serving(tf.Module):
             """The probabilities, or InvalidArgumentError naming the first record whose score
             is not finite: a finite value too large for the model (1e30 times a weight
             overflows) would otherwise be answered NaN."""
-            logits, _ = self.model(check_request(features, cfg.feature_size), training=False)
+            logits, _ = self.model(check_request(features, cfg.feature_size,
+                                                 tuple(c for c, _, _ in cfg.dynamic)),
+                                   training=False)
             bad = ~tf.math.is_finite(logits)
             first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
             with tf.control_dependencies([tf.debugging.Assert(~tf.reduce_any(bad), [

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..data.index import describe_source, source_files
 from ..errors import ConfigError, DataError
 from .config import (TrainConfig, embedding_width, resolve_model_options, resolve_shuffle_buffer,
-                     resolve_table_scale, resolve_table_updates)
+                     resolve_table_scale, resolve_table_updates, run_schema)
 from .threads import data_options
 
 
@@ -53,6 +53,7 @@ def check_data(cfg: TrainConfig):
                                 path=describe_source(other))
             check_checksums(o, root)
             check_first_record(o, root)
+    run_schema(cfg, m)      # dynamic_fields named by the data, or refused by name
     resolve_table_updates(cfg, feature_size)
     resolve_shuffle_buffer(cfg, m)
     resolve_table_scale(cfg, m)
@@ -158,14 +159,14 @@ def training_dataset(cfg: TrainConfig, m, batch_size: int, skip_batches: int, se
         pcfg.epochs = None if cfg.steps else int(cfg.epochs)
         ds = make_pipe_dataset(cfg.train_dir, m.field_size, fmt=m.format, cfg=pcfg,
                                record_shard=plan.record_shard if plan else None,
-                               skip_batches=skip_batches, schema=m.schema)
+                               skip_batches=skip_batches, schema=run_schema(cfg, m))
     else:
         ds = make_dataset(source_files(cfg.train_dir), m.field_size, fmt=m.format,
                           compression=m.compression, cfg=pcfg,
                           file_shard=plan.file_shard if plan else None,
                           record_shard=plan.record_shard if plan else None,
                           skip_batches=0 if cfg.data_service else skip_batches,
-                          schema=m.schema)
+                          schema=run_schema(cfg, m))
     if cfg.data_service:
         # The whole pipeline (read, shuffle, batch, parse) runs on the data-service workers;
         # every training process of the job joins one shared job.
@@ -198,7 +199,7 @@ def train_read_error(e, cfg: TrainConfig, m, feature_size: int):
                          path=cfg.train_dir)
     return explain_error(e, source_files(cfg.train_dir), fmt=m.format, field_size=m.field_size,
                          feature_size=feature_size, compression=m.compression,
-                         label_format=m.label_format, what="training data", schema=m.schema)
+                         label_format=m.label_format, what="training data", schema=run_schema(cfg, m))
 
 
 def planned_steps(cfg: TrainConfig, records: int, global_batch: int, batch_desc: str) -> int:

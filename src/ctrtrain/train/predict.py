@@ -63,11 +63,13 @@ def _blocks(inputs: list[str], info: dict, export_dir: str, input_format: str, v
         from ..data.schema import Schema
         pcfg = PipelineConfig(batch_size=batch, feature_size=info["feature_size"])
         declared = info.get("fields")
-        schema = Schema.from_json(declared) if declared else None
+        # A dynamic field's raw keys, which the model maps onto its rows itself.
+        dynamic = info.get("dynamic_fields")
+        schema = Schema.from_json(declared).with_dynamic(dynamic) if declared else None
         if input_format == "dir":
             if len(inputs) != 1:
                 raise DataError("give one data directory, or files", path=", ".join(inputs))
-            ds, m = dataset_from_dir(inputs[0], pcfg, training=False)
+            ds, m = dataset_from_dir(inputs[0], pcfg, training=False, dynamic=dynamic)
             field_size, paths, comp, fmt, labels = (m.field_size, m.paths(inputs[0]),
                                                     m.compression, m.format, m.label_format)
             if m.fields != declared:

@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from .. import heartbeat
 from ..data.index import describe_source
 from . import tracking
-from .config import model_config, optimizer_params
+from .config import model_config, optimizer_params, run_schema
 from .controller import ChiefActions, Controller, StepStats, announce_model_choice, finish
 from .inputs import (check_data, planned_steps, positive_rate, schedule_of, train_read_error,
                      training_dataset)
@@ -134,7 +134,7 @@ def train_parameter_server(cfg, threads) -> dict:
                            train_data=data_fingerprint(m), fields=m.fields)
     with strategy.scope():
         model, opt, replica_step, variables = build_training(
-            model_config(cfg, feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer,
+            model_config(cfg, feature_size, m.field_size, positive_rate(m), run_schema(cfg, m)), cfg.optimizer,
             cfg.learning_rate,
             compile_step=False, optimizer_params=optimizer_params(cfg))
     slots = [s for d in opt.slots for s in d.values()]

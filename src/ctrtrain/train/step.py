@@ -25,9 +25,23 @@ def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float,
     # After a cross-replica reduction a table's gradient rows may repeat (one set per replica).
     unique = model.unique_gradients and replicas == 1
 
+    def claim_rows(batch):
+        """The batch with its dynamic fields' keys mapped to rows; new keys' rows renewed
+        with their optimizer state before the forward pass reads them
+        (models/engine/dynamic.py)."""
+        batch, rows = model.claim_rows(batch, opt.iterations)
+        model.embeddings.renew(rows, opt.iterations)
+        for var in model.embedding_tables:
+            opt.reset_rows(var, rows)
+        return batch
+
     def replica_step(batch):
+        dynamic = model.dynamic is not None
+        if dynamic:
+            batch = claim_rows(batch)
         with tf.GradientTape() as tape:
-            logits, l2 = model(batch, training=True, read_rows=opt.read_rows)
+            logits, l2 = model(batch, training=True, read_rows=opt.read_rows,
+                               keys_mapped=dynamic)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
                 labels=batch["label"], logits=logits))
             # Inside the tape: the sum must be recorded to be differentiated. Divided by the

@@ -17,7 +17,7 @@ from .. import heartbeat
 from ..data.index import describe_source
 from ..errors import ConfigError
 from . import tracking
-from .config import TrainConfig, model_config, optimizer_params
+from .config import TrainConfig, model_config, optimizer_params, run_schema
 from .controller import ChiefActions, Controller, StepStats, announce_model_choice, finish
 from .inputs import (check_data, local_records, planned_steps, positive_rate, schedule_of,
                      train_read_error, training_dataset)
@@ -148,7 +148,7 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
     lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
     with rt.scope():
         model, opt, replica_step, variables = build_training(
-            model_config(cfg, feature_size, m.field_size, positive_rate(m), m.schema), cfg.optimizer, lr, rt,
+            model_config(cfg, feature_size, m.field_size, positive_rate(m), run_schema(cfg, m)), cfg.optimizer, lr, rt,
             compile_step=False, optimizer_params=optimizer_params(cfg))
     train_steps = stacked_steps_function(replica_step, rt)
     manager, start_step = restore_checkpoint(cfg, md, model, opt, write=rt.is_chief)

@@ -1,130 +1,207 @@
-"""Raw 64-bit ids onto a pool of table rows that new ids claim and old ones give back: the
-id map of a dynamic field (issue 57: an id space that never stops growing).
+"""Raw 64-bit keys onto pools of table rows that new keys claim and old ones give back: the
+id map of the dynamic fields (issue 57: an id space that never stops growing).
 
 A fixed table gives every id a row known in advance (a vocabulary, or a hash bucket that it
-shares with every id hashed alike). A dynamic field instead maps each raw id (a hash of the
-raw value, any int64) to a row of its own, claimed when the id is first seen -- or, with
-`admit` N, when it has been seen N times; until then it reads the pool's shared row 0 and
-only its count is kept -- and given back when the pool is full and a new id needs one: the
-least frequently seen row goes first, among those not read by the batch at hand, and rows
-not seen for `ttl` steps go before any other. The pool is `rows` rows of the one embedding
-table (base .. base + rows - 1, as a hashed field's buckets are), so the table's optimizer,
-its sharding over parameter servers, its checkpoints and export serve it unchanged; what a
-row claimed by a new id held before is reset by its caller (the rows `assign` returns).
+shares with every value hashed alike). A dynamic field instead maps each raw key (a hash of
+the raw value, any int64) to a row of its own, claimed when the key is first seen -- or, with
+`admit` N, when it has been seen N times; until then it reads its pool's shared first row and
+only its count is kept -- and given back when its pool needs room: rows not seen for `ttl`
+steps first, then the least frequently seen, never one the batch at hand reads. Each dynamic
+field's pool is its hash buckets (base .. base + rows - 1 of the one embedding table), so the
+table's optimizer, checkpoints and export serve it unchanged and its memory is the fixed
+table's, whatever the number of keys the stream brings; what a row claimed by a new key held
+before is reset by the caller (the rows `assign` returns: train/step.py).
+
+One map serves every dynamic field of a model (keys must differ across fields: the pipeline
+salts each field's with its name, input/pipeline.py field_ids), and a step costs one de-duplication, one
+hash-table lookup and a few scatters however many fields are dynamic (a map per field cost 26
+of each, and 12 s of tracing, on a 26-field stream). Claims are served from a queue of free
+rows per pool; when a pool's queue runs short, one sweep ranks every pool's rows (two stable
+sorts) and refills each queue with its best `sweep` share at least -- free rows, then expired,
+then the least seen -- evicting the held ones among them. A sweep is O(rows log rows), paid
+once per that share of new keys rather than at every step.
 
 This is the managed-collision design (TorchRec's MCH modules, Monolith's collisionless
-tables, DeepRec's admission and eviction) over TensorFlow's own MutableHashTable: the id ->
-slot map is checkpointed with the model (tf.train.Checkpoint tracks it), and the memory is
-the pool's, a cap the user sets, whatever the number of ids the stream brings.
-
-Per slot three variables: the key holding it, its count (times seen while it held the
-slot), and the step it was last seen (-1: free). Every choice is deterministic (ties go to
+tables, DeepRec's admission and eviction) over TensorFlow's own MutableHashTable: the key ->
+slot map is checkpointed with the model (tf.train.Checkpoint tracks it). Per slot three
+variables: the key holding it, its count (times seen while it held the slot) and the step it
+was last seen (-1: free; -2: a pool's shared row). Every choice is deterministic (ties go to
 the lower slot), so processes that assign the same batches in the same order agree.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
-_FREE = -1          # `seen` of a free slot
-_NEVER = -(2 ** 62)  # priority of a slot that cannot be given: slot 0, or read by this batch
+_FREE = -1           # `seen` of a free slot
+_SHARED = -2         # `seen` of a pool's shared row (never held, never given)
+_COUNTS = 2 ** 40     # counts rank up to this in a sweep
+SWEEP = 0.125        # a sweep queues at least this share of each pool
 
 
 class DynamicIds(tf.Module):
-    def __init__(self, rows: int, base: int = 0, admit: int = 1, ttl: int = 0,
-                 name: str = "dynamic_ids"):
+    def __init__(self, rows: int | None = None, base: int = 0, admit: int = 1, ttl: int = 0,
+                 pools=None, sweep: float = SWEEP, name: str = "dynamic_ids"):
+        """`pools`: (first row, rows) of each dynamic field, in the order of the key columns
+        `assign` and `lookup` take; or one pool of `rows` rows from `base`."""
         super().__init__(name=name)
-        if rows < 2:
-            raise ValueError("a dynamic field's pool needs at least 2 rows (row 0 is shared)")
-        self.rows, self.base, self.admit, self.ttl = int(rows), int(base), int(admit), int(ttl)
+        pools = tuple((int(b), int(r)) for b, r in (pools or [(base, rows)]))
+        if any(r < 2 for _, r in pools):
+            raise ValueError("a dynamic field's pool needs at least 2 rows (one is shared)")
+        self.pools, self.admit, self.ttl = pools, int(admit), int(ttl)
+        sizes = np.array([r for _, r in pools], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        total = int(sizes.sum())
+        pool_of_slot = np.repeat(np.arange(len(pools)), sizes)
+        self._offsets, self._sizes = offsets, sizes
+        self._pool_of_slot = pool_of_slot
+        self._row_of_slot = np.concatenate([np.arange(b, b + r) for b, r in pools])
+        self._sweep_rows = np.maximum(1, np.ceil(sizes * sweep)).astype(np.int64)
         self.slots = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, -1,
                                                              name="slots")
         self.pending = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, 0,
                                                                name="pending") \
             if self.admit > 1 else None
-        self.key = tf.Variable(tf.zeros([rows], tf.int64), trainable=False, name="key")
-        self.count = tf.Variable(tf.zeros([rows], tf.int64), trainable=False, name="count")
-        self.seen = tf.Variable(tf.fill([rows], tf.constant(_FREE, tf.int64)), trainable=False,
-                                name="seen")
-        # Slots never held yet: fresh .. rows - 1. Until the pool first fills, new ids take
-        # them in order, O(new ids) a step; then every claim ranks the whole pool, O(rows).
-        self.fresh = tf.Variable(tf.constant(1, tf.int64), trainable=False, name="fresh")
+        seen = np.full(total, _FREE, np.int64)
+        seen[offsets] = _SHARED
+        self.key = tf.Variable(tf.zeros([total], tf.int64), trainable=False, name="key")
+        self.count = tf.Variable(tf.zeros([total], tf.int64), trainable=False, name="count")
+        self.seen = tf.Variable(seen, trainable=False, name="seen")
+        # Each pool's free slots, best first, in its own region of `queue`: claims take
+        # queue[offset + head ...] while head < avail; a sweep refills it.
+        queue = np.arange(total, dtype=np.int64) + 1
+        self.queue = tf.Variable(queue, trainable=False, name="queue")
+        self.head = tf.Variable(tf.zeros([len(pools)], tf.int64), trainable=False, name="head")
+        self.avail = tf.Variable(sizes - 1, trainable=False, name="avail")
+
+    def _columns(self, keys):
+        """keys [N, pools] (one pool: keys of any shape, as [N, 1])."""
+        keys = tf.cast(keys, tf.int64)
+        return tf.reshape(keys, [-1, 1]) if len(self.pools) == 1 else keys
+
+    def _rows(self, slot):
+        """Table rows of slots [N, pools] (-1: no slot, the pool's shared row)."""
+        slot = tf.where(slot >= 0, slot, tf.constant(self._offsets)[None, :])
+        return tf.gather(tf.constant(self._row_of_slot), slot)
+
+    def _out(self, rows, keys):
+        return tf.reshape(rows, tf.shape(keys)) if len(self.pools) == 1 else \
+            tf.ensure_shape(rows, keys.shape)
 
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
-        """Table rows of `keys` without changing anything (evaluation, serving): an id with no
-        row of its own reads row 0 of the pool."""
-        slot = self.slots.lookup(tf.cast(keys, tf.int64))
-        return self.base + tf.maximum(slot, 0)
+        """Table rows of `keys` [N, pools] without changing anything (evaluation, serving):
+        a key with no row of its own reads its pool's shared row."""
+        columns = self._columns(keys)
+        slot = tf.reshape(self.slots.lookup(columns), tf.shape(columns))
+        return self._out(self._rows(slot), keys)
 
     def assign(self, keys: tf.Tensor, step) -> tuple[tf.Tensor, tf.Tensor]:
-        """(table rows of `keys`, the rows claimed by new ids in this call): counts and
-        last-seen steps updated, new ids admitted into free or given-back slots. The caller
-        resets the claimed rows (their vectors and optimizer state) before reading them."""
+        """(table rows of `keys` [N, pools], the rows claimed by new keys in this call):
+        counts and last-seen steps updated, new keys admitted into their pools' free or
+        given-back slots. The caller resets the claimed rows (their vectors and optimizer
+        state) before reading them. One lookup of every key; only the new ones are
+        de-duplicated (a batch's keys are mostly known ones)."""
         step = tf.cast(step, tf.int64)
-        flat = tf.reshape(tf.cast(keys, tf.int64), [-1])
-        unique, where, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
-        counts = tf.cast(counts, tf.int64)
-        slot = tf.reshape(self.slots.lookup(unique), [-1])   # a known rank, for the masks
+        columns = self._columns(keys)
+        pools = len(self.pools)
+        flat = tf.reshape(columns, [-1])
+        slot = tf.reshape(self.slots.lookup(flat), [-1])      # a known rank, for the masks
         found = slot >= 0
         held = tf.boolean_mask(slot, found)
-        self.count.scatter_add(tf.IndexedSlices(tf.boolean_mask(counts, found), held))
+        self.count.scatter_add(tf.IndexedSlices(tf.ones_like(held), held))
         self.seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(held), step), held))
-        new, new_counts = tf.boolean_mask(unique, ~found), tf.boolean_mask(counts, ~found)
+        at_new = tf.where(~found)[:, 0]
+        new, where, new_counts = tf.unique_with_counts(tf.gather(flat, at_new),
+                                                       out_idx=tf.int64)
+        new_counts = tf.cast(new_counts, tf.int64)
+        new_pool = tf.math.unsorted_segment_min(at_new % pools, where, tf.size(new))
+        admitted = tf.ones_like(new, tf.bool)
         if self.pending is not None:
             so_far = tf.reshape(self.pending.lookup(new), [-1]) + new_counts
-            ready = so_far >= self.admit
-            self.pending.insert(tf.boolean_mask(new, ~ready), tf.boolean_mask(so_far, ~ready))
-            self.pending.remove(tf.boolean_mask(new, ready))
-            new, new_counts = tf.boolean_mask(new, ready), tf.boolean_mask(so_far, ready)
-        claimed = self._claim(new, new_counts, step)
-        rows = self.base + tf.maximum(tf.gather(tf.reshape(self.slots.lookup(unique), [-1]),
-                                                where), 0)
-        return tf.reshape(rows, tf.shape(keys)), self.base + claimed
+            admitted = so_far >= self.admit
+            self.pending.insert(tf.boolean_mask(new, ~admitted),
+                                tf.boolean_mask(so_far, ~admitted))
+            self.pending.remove(tf.boolean_mask(new, admitted))
+            new_counts = so_far
+        # The admitted keys pool after pool (in order of first sight within a pool), as
+        # their claims are served.
+        at = tf.boolean_mask(tf.range(tf.size(new, out_type=tf.int64)), admitted)
+        at = tf.gather(at, tf.argsort(tf.gather(new_pool, at), stable=True))
+        chosen, ok = self._claim(*(tf.gather(t, at) for t in (new, new_counts, new_pool)),
+                                 step)
+        # Each new key's slot (-1: not admitted, or its pool had none to give) at its places.
+        slot_of_new = tf.scatter_nd(tf.boolean_mask(at, ok)[:, None], chosen + 1,
+                                    tf.shape(new, tf.int64)) - 1
+        slot = tf.tensor_scatter_nd_update(slot, at_new[:, None], tf.gather(slot_of_new, where))
+        rows = self._rows(tf.reshape(slot, [-1, pools]))
+        return self._out(rows, keys), tf.gather(tf.constant(self._row_of_slot), chosen)
 
-    def _claim(self, new: tf.Tensor, new_counts: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
-        """Slots for the new ids, as many as can be given; returns them."""
-        k = tf.size(new, out_type=tf.int64)
-        chosen = tf.cond(self.fresh + k <= self.rows, lambda: self._fresh(k),
-                         lambda: self._ranked(k, step))
-        n = tf.size(chosen)
-        given = tf.gather(self.key, chosen)
-        was_held = tf.gather(self.seen, chosen) != _FREE
-        self.slots.remove(tf.boolean_mask(given, was_held))
-        keys, counts = new[:n], new_counts[:n]
+    def _claim(self, new, new_counts, new_pool, step):
+        """Slots for the new keys (sorted by pool), as many as their pools can give: (the
+        slots, which keys got one)."""
+        pools = len(self.pools)
+        need = tf.math.unsorted_segment_sum(tf.ones_like(new_pool), new_pool, pools)
+        short = tf.reduce_any(self.head + need > self.avail)
+        with tf.control_dependencies([tf.cond(short, lambda: self._sweep(need, step),
+                                              lambda: tf.constant(0, tf.int64))]):
+            head, avail = self.head.read_value(), self.avail.read_value()
+        start = tf.cumsum(need, exclusive=True)
+        rank = tf.range(tf.size(new, out_type=tf.int64)) - tf.gather(start, new_pool)
+        at = tf.gather(head, new_pool) + rank
+        ok = at < tf.gather(avail, new_pool)
+        chosen = tf.gather(self.queue, tf.boolean_mask(
+            tf.gather(tf.constant(self._offsets), new_pool) + at, ok))
+        keys, counts = tf.boolean_mask(new, ok), tf.boolean_mask(new_counts, ok)
+        self.head.assign(tf.minimum(head + need, avail))
         self.slots.insert(keys, chosen)
         self.key.scatter_update(tf.IndexedSlices(keys, chosen))
         self.count.scatter_update(tf.IndexedSlices(counts, chosen))
-        self.seen.scatter_update(tf.IndexedSlices(tf.fill([n], step), chosen))
-        return chosen
+        self.seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(chosen), step), chosen))
+        return chosen, ok
 
-    def _fresh(self, k: tf.Tensor) -> tf.Tensor:
-        first = self.fresh.read_value()
-        with tf.control_dependencies([first]):
-            self.fresh.assign_add(k)
-        return tf.range(first, first + k)
-
-    def _ranked(self, k: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
-        """Up to k slots by priority, once no slot is fresh."""
-        self.fresh.assign(self.rows)
+    def _sweep(self, need, step):
+        """Refills every pool's queue with its best max(sweep share, need) slots: free ones
+        first, then expired ones (the least seen first), then the least seen; never a shared
+        row nor a slot this batch reads. The held ones among them are given back now."""
         seen, count = self.seen.read_value(), self.count.read_value()
-        free = tf.equal(seen, _FREE)
-        expired = tf.logical_and(~free, step - seen > self.ttl) if self.ttl else \
+        free, held = tf.equal(seen, _FREE), seen >= 0
+        expired = tf.logical_and(held, step - seen > self.ttl) if self.ttl else \
             tf.zeros_like(free)
-        # Free slots first, then expired ones (the least seen first), then the least seen;
-        # never slot 0 nor a slot this batch reads.
-        priority = tf.where(free, tf.constant(2 ** 61, tf.int64),
-                            tf.where(expired, 2 ** 60 - count, -count))
-        blocked = tf.logical_or(tf.equal(tf.range(self.rows, dtype=tf.int64), 0),
-                                tf.logical_and(~free, tf.equal(seen, step)))
-        priority = tf.where(blocked, tf.constant(_NEVER, tf.int64), priority)
-        best = tf.math.top_k(tf.cast(priority, tf.float64),
-                             k=tf.cast(tf.minimum(k, self.rows), tf.int32), sorted=True)
-        usable = best.values > float(_NEVER)
-        return tf.cast(tf.boolean_mask(best.indices, usable), tf.int64)
+        blocked = tf.logical_or(tf.equal(seen, _SHARED), tf.logical_and(held, seen >= step))
+        # One sort of one int64 per slot: its pool above its class (free 3, expired 2,
+        # held 1, blocked 0) above how rarely it was seen (counts capped at 2^40).
+        rarity = _COUNTS - tf.minimum(count, _COUNTS - 1)
+        c = lambda v: tf.constant(v, tf.int64)    # noqa: E731
+        kind = tf.where(free, c(3), tf.where(blocked, c(0), tf.where(expired, c(2), c(1))))
+        pool_of_slot = tf.constant(self._pool_of_slot, tf.int64)
+        rank_key = (len(self.pools) - 1 - pool_of_slot) * (4 * _COUNTS) + \
+            kind * _COUNTS + tf.where(blocked | free, c(0), rarity)
+        order = tf.argsort(rank_key, direction="DESCENDING", stable=True)
+        order = tf.cast(order, tf.int64)
+        usable = tf.gather(kind, order) > 0
+        pool = tf.gather(pool_of_slot, order)
+        rank = tf.range(tf.size(order, out_type=tf.int64)) - tf.gather(
+            tf.constant(self._offsets), pool)
+        target = tf.maximum(tf.constant(self._sweep_rows), need)
+        take = tf.logical_and(rank < tf.gather(target, pool), usable)
+        taken, taken_pool = tf.boolean_mask(order, take), tf.boolean_mask(pool, take)
+        given = tf.boolean_mask(taken, tf.gather(held, taken))
+        self.slots.remove(tf.gather(self.key, given))
+        self.seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(given), tf.constant(
+            _FREE, tf.int64)), given))
+        self.count.scatter_update(tf.IndexedSlices(tf.zeros_like(given), given))
+        # Taken slots are each pool's first ranks: they go to the front of its region.
+        self.queue.scatter_update(tf.IndexedSlices(taken, tf.boolean_mask(rank, take) + tf.gather(
+            tf.constant(self._offsets), taken_pool)))
+        self.avail.assign(tf.math.unsorted_segment_sum(tf.ones_like(taken_pool), taken_pool,
+                                                       len(self.pools)))
+        self.head.assign(tf.zeros_like(self.head))
+        return tf.size(taken, out_type=tf.int64)
 
     def live(self, step=None) -> tf.Tensor:
-        """Slots held by an id (with `step` and a ttl: seen within the ttl)."""
-        held = tf.not_equal(self.seen, _FREE)
+        """Slots held by a key (with `step` and a ttl: seen within the ttl)."""
+        held = self.seen >= 0
         if step is not None and self.ttl:
             held = tf.logical_and(held, tf.cast(step, tf.int64) - self.seen <= self.ttl)
         return tf.reduce_sum(tf.cast(held, tf.int64))

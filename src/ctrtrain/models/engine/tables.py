@@ -163,6 +163,20 @@ class EmbeddingTable(tf.Module):
         self.bag_of_column = tuple(j for j, (max_len, _) in enumerate(cfg.bags)
                                    for _ in range(max_len))
 
+    def renew(self, rows, step):
+        """Rows given to new ids (a dynamic field's pool) set to a new row's values: the
+        first-order weight 0, the embedding drawn as at the start (seeded by the run's seed
+        and the step: every replica draws the same)."""
+        k = self.width - int(self.first_order)
+        std = EMBEDDING_INIT if self.cfg.embedding_init is None else self.cfg.embedding_init
+        n = tf.shape(rows)[0]
+        fresh = std * tf.random.stateless_normal(
+            tf.stack([n, k]), tf.cast(tf.stack([self.cfg.seed, step]), tf.int64))
+        if self.first_order:
+            fresh = tf.concat([tf.zeros([n, 1]), fresh], 1)
+        tf.raw_ops.ResourceScatterUpdate(resource=self.table.handle, indices=rows,
+                                         updates=fresh)
+
     @property
     def variables_to_update(self):
         """The table's variables: itself, or its shards when partitioned (gradients and

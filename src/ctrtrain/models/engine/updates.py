@@ -147,6 +147,18 @@ class Optimizer(tf.Module):
         self._pending.clear()
         self._reuse = False
 
+    def reset_rows(self, var, rows):
+        """A table's `rows` given to new ids (a dynamic field's, models/engine/dynamic.py):
+        their slots as a new row's, and current as of this step (nothing skipped to catch
+        up). Call before the step's forward pass reads them."""
+        for name, slot in self.slots[self._index[id(var)]].items():
+            if name == "last_step":
+                value = tf.fill(tf.shape(rows), tf.identity(self.iterations))
+            else:
+                value = tf.fill(tf.concat([tf.shape(rows), tf.shape(slot)[1:]], 0),
+                                tf.constant(self.slot_init.get(name, 0.0), slot.dtype))
+            raw.ResourceScatterUpdate(resource=slot.handle, indices=rows, updates=value)
+
     def settle(self):
         """Brings every row of every table to the current step (catchup mode; a no-op
         otherwise): before the table is read whole (evaluation, export). O(table)."""
