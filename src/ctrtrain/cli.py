@@ -154,7 +154,11 @@ def _data_commands(sub):
     g.add_argument("--drift", type=_number(float, 0.0, 1.0), default=0.02,
                    help="share of each live id's weights' variance renewed a day")
     g.add_argument("--hash-buckets", type=POSITIVE, default=None,
-                   help="each field's declared hash buckets (default: twice its day-0 ids)")
+                   help="each field's declared hash buckets (default: --bucket-ratio times its "
+                        "day-0 ids)")
+    g.add_argument("--bucket-ratio", type=_number(float, 0, low_open=True), default=2.0,
+                   help="each field's hash buckets per day-0 id, without --hash-buckets: the "
+                        "table's memory against the ids it must hold")
     p.set_defaults(func=cmd_synth)
 
     p = dsub.add_parser("featurize", help="raw Criteo TSV / CSV -> libsvm fixed fields (vocabulary or hashing)")
@@ -318,7 +322,7 @@ def _synth_days(a):
     cfg = StreamConfig(days=a.days, rows=a.rows or 100_000, ids=a.ids,
                        categorical_fields=a.categorical_fields, seed=a.seed, zipf=a.zipf,
                        birth=a.birth, death=a.death, drift=a.drift,
-                       hash_buckets=a.hash_buckets or 0)
+                       hash_buckets=a.hash_buckets or 0, bucket_ratio=a.bucket_ratio)
 
     def said(d):
         print(f"{day_name(d['day'])} rows {d['rows']:>9,}  positive rate "
@@ -543,10 +547,15 @@ def _bench_commands(sub):
                    help="a synthesized day's rows")
     p.add_argument("--ids", type=_number(int, 2), default=100_000,
                    help="a synthesized stream's live ids (data synth --ids)")
+    p.add_argument("--bucket-ratio", type=_number(float, 0, low_open=True), default=2.0,
+                   help="a synthesized stream's hash buckets per field per day-0 id: the "
+                        "table's memory (data synth --bucket-ratio)")
     p.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a],
                    default=["warm", "scratch", "day"],
                    help="warm: the day's data from yesterday's model; scratch: every day so "
-                        "far from nothing; day: the day alone from nothing (comma-separated)")
+                        "far from nothing; day: the day alone from nothing; dynamic: as warm, "
+                        "with every field dynamic (train --dynamic-fields all) in the same "
+                        "memory (comma-separated)")
     p.add_argument("--epochs", type=POSITIVE, default=1, help="epochs of every run")
     p.add_argument("--batch-size", type=POSITIVE, default=1024, help="every run's batch size")
     p.add_argument("--embedding-size", type=POSITIVE, default=16,
@@ -697,7 +706,8 @@ def cmd_bench_chaos(a):
 
 def cmd_bench_continual(a):
     from .bench.continual import run_continual_bench
-    synth = {"days": a.days or 14, "rows": a.rows, "ids": a.ids}
+    synth = {"days": a.days or 14, "rows": a.rows, "ids": a.ids,
+             "bucket_ratio": a.bucket_ratio}
     run_continual_bench(a.stream, a.work_dir, days=a.days if a.stream else None, arms=a.arms,
                         epochs=a.epochs, settings={"batch_size": a.batch_size,
                                                    "embedding_size": a.embedding_size,

@@ -3,12 +3,15 @@
 Over a stream of days (data/stream.py, `data synth --days`), each arm trains after every day
 but the last and is tested on the day after it -- what a model in production meets:
 
+    dynamic  as warm, every field dynamic (`train --dynamic-fields all`): each raw value
+             claims a row of its field's buckets, the same memory as warm's fixed table
     warm     the day's data, starting from yesterday's model (`train --warm-start`)
     scratch  every day so far, from nothing (the retrain that forgets nothing, at a cost that
              grows with the days)
     day      the day's data alone, from nothing (what the others must beat)
 
-(day 0 is one run for all: the first day, from nothing). Per day: each arm's test AUC beside
+(day 0 is one run for the fixed-table arms, another for dynamic: the first day, from
+nothing). Per day: each arm's test AUC beside
 the next day's Bayes-optimal AUC, its seconds of training
 and examples/s, and its table's rows and bytes (with the optimizer's slots). Every arm uses
 the same settings; runs are forked from one server (bench/runner.py) and read their figures
@@ -23,12 +26,16 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-ARMS = ("warm", "scratch", "day")
+ARMS = ("dynamic", "warm", "scratch", "day")
+# What the dynamic arm's map adds per pool row: the key, count, last-seen step and queue
+# variables (int64 each) and the hash table's key and slot (at most one entry a row; the
+# hash map's own overhead not counted).
+MAP_BYTES_PER_ROW = 6 * 8
 SLOTS = {"adam": 2, "adagrad": 1, "ftrl": 2, "sgd": 0, "momentum": 1}
 
 
 def run_continual_bench(stream: str | None, work_dir: str, *, days: int | None = None,
-                        arms=ARMS, epochs: int = 1, settings: dict | None = None,
+                        arms=ARMS[1:], epochs: int = 1, settings: dict | None = None,
                         json_path: str | None = None, synth: dict | None = None) -> dict:
     """Runs the arms over the stream's days (or its first `days`) and returns the report; a
     stream is synthesized in work_dir (with `synth`'s StreamConfig settings) when none is
@@ -56,24 +63,32 @@ def run_continual_bench(stream: str | None, work_dir: str, *, days: int | None =
         raise ConfigError(f"--arms: {', '.join(unknown) or 'none'}: choose from {', '.join(ARMS)}")
     # Fixed for every arm: `auto` would size the model by the rows a run trains on, and the
     # scratch arm, on every day so far, would train a wider one than the others.
-    settings = {"batch_size": 1024, "embedding_size": 16, **(settings or {})}
+    # A log window every 20 steps: examples/s after the first window (tracing) is measured.
+    settings = {"batch_size": 1024, "embedding_size": 16, "log_every": 20, **(settings or {})}
     flags = [f for k, v in settings.items() for f in (f"--{k.replace('_', '-')}", str(v))]
     rows = []
+    # On day 0 the fixed-table arms are the same run (the first day, from nothing): run once.
+    fixed_first = next((a for a in arms if a != "dynamic"), None)
+
+    def owner(arm, d):
+        return arm if arm == "dynamic" or d else fixed_first
+
     for d in range(total - 1):
         test = stream / day_name(d + 1)
         bayes = info["days"][d + 1]["bayes_auc"]
         for arm in arms:
-            # On day 0 every arm is the same run (the first day, from nothing): run once.
-            md = work / "runs" / (arms[0] if d == 0 else arm) / day_name(d)
+            md = work / "runs" / owner(arm, d) / day_name(d)
             read = list(range(d + 1)) if arm == "scratch" else [d]   # the days it trains on
             train = [stream / day_name(k) for k in read]
             cmd = [sys.executable, "-m", "ctrtrain.cli", "train", "--quiet", "--fresh",
                    "--model-dir", str(md), "--test", str(test), "--epochs", str(epochs),
                    "--no-export", *flags, "--train", *map(str, train)]
-            if arm == "warm" and d:
-                earlier = work / "runs" / (arms[0] if d == 1 else arm) / day_name(d - 1)
+            if arm in ("warm", "dynamic") and d:
+                earlier = work / "runs" / owner(arm, d - 1) / day_name(d - 1)
                 cmd += ["--warm-start", str(earlier)]
-            if d or arm == arms[0]:
+            if arm == "dynamic":
+                cmd += ["--dynamic-fields", "all"]
+            if arm == owner(arm, d):
                 run_json(cmd, f"{arm} {day_name(d)}", timeout=6 * 3600, fork=True)
             r = json.loads((md / "result.json").read_text())
             cfg = json.loads((md / "train_config.json").read_text())
@@ -84,7 +99,9 @@ def run_continual_bench(stream: str | None, work_dir: str, *, days: int | None =
                    "train_rows": sum(info["days"][k]["rows"] for k in read),
                    "train_s": r["phases_s"]["training"],
                    "examples_per_s": r.get("examples_per_s"), "table_rows": table_rows,
-                   "table_bytes": table_rows * width * 4 * (1 + SLOTS.get(cfg["optimizer"], 2))}
+                   "held_rows": (r.get("dynamic_rows") or {}).get("held"),
+                   "table_bytes": table_rows * width * 4 * (1 + SLOTS.get(cfg["optimizer"], 2))
+                   + (table_rows * MAP_BYTES_PER_ROW if arm == "dynamic" else 0)}
             rows.append(row)
             print(f"[continual] {day_name(d)} {arm:7s} test on {day_name(d + 1)}: AUC "
                   f"{row['test_auc']:.4f} (Bayes {bayes:.4f}), {row['train_s']:.1f} s of "
@@ -105,13 +122,16 @@ def _table_width(cfg: dict) -> int:
 
 def summarize(rows: list[dict], arms) -> dict:
     """Per arm: mean next-day AUC, its mean gap to the Bayes-optimal AUC, total seconds of
-    training, and the table's bytes."""
+    training, the median of its runs' examples/s, and the table's bytes."""
+    import statistics
     out = {}
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
+        speeds = [r["examples_per_s"] for r in mine if r["examples_per_s"]]
         out[arm] = {"mean_test_auc": sum(r["test_auc"] for r in mine) / len(mine),
                     "mean_gap_to_bayes": sum(r["bayes_auc"] - r["test_auc"] for r in mine) / len(mine),
                     "train_s": sum(r["train_s"] for r in mine),
+                    "examples_per_s": statistics.median(speeds) if speeds else None,
                     "table_bytes": max(r["table_bytes"] for r in mine)}
     return out
 

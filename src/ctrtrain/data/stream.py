@@ -14,8 +14,8 @@ Bayes-optimal AUC is known: the yardstick of a model trained on the days before 
 
 An id's raw value is its serial number within its field, as a string: unique for ever, so a
 table keyed by raw ids never confuses two. Each day is a data directory of declared fields
-hashed at training time (data/schema.py: each field's `hash_buckets`, twice its day-0 ids
-unless set), which a fixed table reads as it is. Everything depends only on the
+hashed at training time (data/schema.py: each field's `hash_buckets`, `bucket_ratio` (2)
+times its day-0 ids unless set), which a fixed table reads as it is. Everything depends only on the
 configuration: the same seed, the same stream.
 """
 
@@ -47,7 +47,8 @@ class StreamConfig:
     birth: float = 0.05          # a day's new ids, as a share of a churning field's live ids
     death: float = 0.05          # a day's retired ids, as a share of them
     drift: float = 0.02          # share of every live id's weights' variance renewed a day
-    hash_buckets: int = 0        # each field's declared buckets; 0: twice its day-0 ids
+    hash_buckets: int = 0        # each field's declared buckets; 0: bucket_ratio x its day-0 ids
+    bucket_ratio: float = 2.0    # (at least 2 buckets a field)
     hidden_dim: int = 4
     rarity_decay: float = 0.35   # an id's weight scale ~ (1 + popularity rank) ** -decay
     linear_std: float = 1.0
@@ -60,6 +61,8 @@ class StreamConfig:
         if not 1 <= self.categorical_fields <= len(CRITEO_CARDINALITIES):
             raise DataError(f"categorical_fields must be 1..{len(CRITEO_CARDINALITIES)}",
                             field="categorical_fields")
+        if self.bucket_ratio <= 0:
+            raise DataError("bucket_ratio must be above 0", field="bucket_ratio")
         for name in ("birth", "death", "drift"):
             if not 0 <= getattr(self, name) <= 1:
                 raise DataError(f"{name} must be a share of the live ids, 0 to 1", field=name)
@@ -205,7 +208,7 @@ def synthesize_days(out_dir, cfg: StreamConfig = StreamConfig(), *, overwrite: b
     from .schema import Field, FieldRows, Schema
     from .tfrecord import ShardWriter
     stream = HiddenStream(cfg)     # validates the configuration before anything is written
-    buckets = [cfg.hash_buckets or 2 * s for s in stream.sizes]
+    buckets = [cfg.hash_buckets or max(2, round(cfg.bucket_ratio * s)) for s in stream.sizes]
     bases = np.concatenate([[0], np.cumsum(buckets)[:-1]]).astype(int)
     schema = Schema(tuple(Field(f"C{j + 1}", "categorical", hash_buckets=int(h),
                                 hash_base=int(b)) for j, (h, b) in enumerate(zip(buckets, bases))))

@@ -320,7 +320,7 @@ class TrainConfig:
     # Fields that must match for a checkpoint to be resumed: the variables' shapes, and where
     # in the data a resumed run continues (the seeded pipeline skips the batches consumed).
     SHAPE_FIELDS = ("model", "embedding_size", "deep_layers", "batch_norm", "optimizer",
-                    "table_updates")
+                    "table_updates", "dynamic_fields")
     # train_data first: shuffle_buffer auto follows the data, and a change of data is the news.
     POSITION_FIELDS = ("train_data", "batch_size", "seed", "shuffle_buffer", "read_block",
                        "cache", "mode")

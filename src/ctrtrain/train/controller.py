@@ -345,7 +345,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
               "input_bound": outcome.input_bound, "windows": outcome.windows,
               "examples_per_s": steady_throughput(outcome.windows),
               "epochs": outcome.schedule.epochs if outcome.schedule else None,
-              "warm_start": warm_start_record(md)}
+              "warm_start": warm_start_record(md), **dynamic_record(trainer.model)}
     result["valid"] = trainer.evaluate("valid", outcome.step)
     selected = choose_model(cfg, trainer, outcome, result["valid"], log)
     if selected:
@@ -385,6 +385,14 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
     heartbeat.finishing()
     log.close()
     return result
+
+
+def dynamic_record(model) -> dict:
+    """A model with dynamic fields: its pools' rows and how many values hold one now."""
+    if getattr(model, "dynamic", None) is None:
+        return {}
+    return {"dynamic_rows": {"pool": sum(r for _, r in model.dynamic.pools),
+                             "held": int(model.dynamic.live())}}
 
 
 def announce_model_choice(log, cfg, schedule: Schedule) -> None:

@@ -53,7 +53,9 @@ def check_data(cfg: TrainConfig):
                                 path=describe_source(other))
             check_checksums(o, root)
             check_first_record(o, root)
-    run_schema(cfg, m)      # dynamic_fields named by the data, or refused by name
+    schema = run_schema(cfg, m)     # dynamic_fields named by the data, or refused by name
+    if cfg.dynamic_fields:          # `all` recorded as the fields it names
+        cfg.dynamic_fields = tuple(f.name for f in schema.fields if f.dynamic)
     resolve_table_updates(cfg, feature_size)
     resolve_shuffle_buffer(cfg, m)
     resolve_table_scale(cfg, m)

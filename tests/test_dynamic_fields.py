@@ -1,0 +1,107 @@
+"""`ctrtrain train --dynamic-fields`: hashed categorical fields read as raw values, each
+claiming a row of the field's buckets for itself (issue 57), on a stream of days whose ids are
+born and retired every day (`data synth --days`)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import cli, ctrtrain_here
+
+BUCKETS = 48      # per field: fewer than the large fields' live ids, so rows are given back
+SMALL = ("--batch-size", 256, "--embedding-size", 4, "--deep-layers", "32,16")
+DYNAMIC = ("--dynamic-fields", "all", "--dynamic-ttl", 40, *SMALL)
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stream") / "days"
+    ctrtrain_here("data", "synth", "--days", 2, "--rows", 6_000, "--ids", 2_000,
+                  "--categorical-fields", 8, "--hash-buckets", BUCKETS, "--out", out)
+    return out / "day-000", out / "day-001"
+
+
+def checkpoint(md, step):
+    import tensorflow as tf
+    r = tf.train.load_checkpoint(str(md / "checkpoints" / f"ckpt-{step}"))
+    return {k: r.get_tensor(k) for k in r.get_variable_to_shape_map() if "OBJECT_GRAPH" not in k}
+
+
+MAP = "model/dynamic/"
+
+
+def held_keys(ck) -> dict:
+    """{key: slot} of the map as checkpointed."""
+    keys = ck[MAP + "slots/.ATTRIBUTES/table-keys"]
+    slots = ck[MAP + "slots/.ATTRIBUTES/table-values"]
+    return dict(zip(keys.tolist(), slots.tolist()))
+
+
+def test_a_dynamic_table_trains_within_its_buckets_and_serves_raw_values(stream, tmp_path):
+    day0, day1 = stream
+    md = tmp_path / "d0"
+    ctrtrain_here("train", "--train", day0, "--test", day1, "--model-dir", md, "--epochs", 2,
+                  *DYNAMIC)
+    r = json.loads((md / "result.json").read_text())
+    assert r["test"]["auc"] > 0.62, r["test"]
+    ck = checkpoint(md, r["step"])
+    seen, key = ck[MAP + "seen/.ATTRIBUTES/VARIABLE_VALUE"], ck[MAP + "key/.ATTRIBUTES/VARIABLE_VALUE"]
+    # Memory is the buckets': 8 fields x 48 slots, one of each shared; every held slot's key
+    # is in the map at that slot, and nothing else is.
+    assert seen.shape == (8 * BUCKETS,)
+    held = np.flatnonzero(seen >= 0)
+    assert 0 < len(held) <= 8 * (BUCKETS - 1)
+    assert r["dynamic_rows"] == {"pool": 8 * BUCKETS, "held": len(held)}
+    assert held_keys(ck) == {int(key[s]): int(s) for s in held}
+    # More values were seen than the buckets hold: rows were given back and claimed again.
+    stream_info = json.loads((day0.parent / "stream.json").read_text())
+    assert stream_info["days"][0]["live_ids"] > 8 * BUCKETS
+    # The export maps raw values as training did: predict's AUC is the run's test AUC.
+    out = ctrtrain_here("predict", "--model", md / "export", "--input", day1,
+                        "--out", tmp_path / "p.csv")
+    assert f"AUC {r['test']['auc']:.4f}" in out, (out, r["test"])
+    info = json.loads(next((md / "export").glob("*/assets.extra/ctrtrain.json")).read_text())
+    assert info["dynamic_fields"] == [f"C{j}" for j in range(1, 9)]
+
+
+def test_a_dynamic_run_resumes_exactly_and_warm_starts_the_next_day(stream, tmp_path):
+    day0, day1 = stream
+    common = ("--train", day0, "--checkpoint-every", 3, "--no-export", *DYNAMIC)
+    ctrtrain_here("train", "--model-dir", tmp_path / "whole", "--steps", 9, *common)
+    ctrtrain_here("train", "--model-dir", tmp_path / "cut", "--steps", 3, *common)
+    ctrtrain_here("train", "--model-dir", tmp_path / "cut", "--steps", 9, *common)
+    whole, cut = checkpoint(tmp_path / "whole", 9), checkpoint(tmp_path / "cut", 9)
+    assert held_keys(whole) == held_keys(cut) and len(held_keys(whole)) > 100
+    for k in whole:
+        if "/slots/.ATTRIBUTES/table-" not in k:
+            np.testing.assert_array_equal(whole[k], cut[k], err_msg=k)
+    # The next day starts from the map and its rows: a key of day 0 keeps its row.
+    out = ctrtrain_here("train", "--train", day1, "--model-dir", tmp_path / "d1", "--steps", 1,
+                        "--warm-start", tmp_path / "whole", "--no-export", *DYNAMIC)
+    assert "warm start from" in out
+    after = held_keys(checkpoint(tmp_path / "d1", 1))
+    kept = set(held_keys(whole)) & set(after)
+    assert len(kept) > 100 and all(after[k] == held_keys(whole)[k] for k in kept)
+
+
+def test_dynamic_fields_are_refused_where_they_cannot_hold(stream, tmp_path):
+    day0, _ = stream
+    code, _, err = cli("train", "--train", day0, "--model-dir", tmp_path / "a", "--steps", 2,
+                       "--dynamic-fields", "C1,C99", *SMALL)
+    assert code == 2 and "dynamic_fields: C99 is not a declared field" in err, err
+    code, _, err = cli("train", "--train", day0, "--model-dir", tmp_path / "b", "--steps", 2,
+                       "--dynamic-fields", "all", "--mode", "allreduce", *SMALL)
+    assert code == 2 and "dynamic_fields: mode allreduce is not supported yet" in err, err
+    # A model trained with fixed buckets does not warm-start a dynamic one, nor the reverse.
+    ctrtrain_here("train", "--train", day0, "--model-dir", tmp_path / "fixed", "--steps", 2,
+                  "--no-export", *SMALL)
+    code, _, err = cli("train", "--train", day0, "--model-dir", tmp_path / "c", "--steps", 2,
+                       "--warm-start", tmp_path / "fixed", *DYNAMIC)
+    assert code == 2 and "its model has dynamic_fields=None, this run ['C1', 'C2'" in err, err
+    ctrtrain_here("train", "--train", day0, "--model-dir", tmp_path / "dynamic", "--steps", 2,
+                  "--no-export", *DYNAMIC)
+    code, _, err = cli("train", "--train", day0, "--model-dir", tmp_path / "d", "--steps", 2,
+                       "--warm-start", tmp_path / "dynamic", *SMALL)
+    assert code == 2 and "its model has dynamic_fields=['C1', 'C2'" in err, err
