@@ -48,10 +48,11 @@ def test_a_dynamic_table_trains_within_its_buckets_and_serves_raw_values(stream,
     assert r["test"]["auc"] > 0.62, r["test"]
     ck = checkpoint(md, r["step"])
     seen, key = ck[MAP + "seen/.ATTRIBUTES/VARIABLE_VALUE"], ck[MAP + "key/.ATTRIBUTES/VARIABLE_VALUE"]
-    # Memory is the buckets': 8 fields x 48 slots, one of each shared; every held slot's key
-    # is in the map at that slot, and nothing else is.
-    assert seen.shape == (8 * BUCKETS,)
-    held = np.flatnonzero(seen >= 0)
+    # Memory is the buckets': 8 fields x 48 slots, one of each shared (and one more, where
+    # unknown keys are counted); every held slot's key is in the map at that slot, and
+    # nothing else is.
+    assert seen.shape == (8 * BUCKETS + 1,)
+    held = np.flatnonzero(seen[:-1] >= 0)
     assert 0 < len(held) <= 8 * (BUCKETS - 1)
     assert r["dynamic_rows"] == {"pool": 8 * BUCKETS, "held": len(held)}
     assert held_keys(ck) == {int(key[s]): int(s) for s in held}
@@ -92,8 +93,8 @@ def test_dynamic_fields_are_refused_where_they_cannot_hold(stream, tmp_path):
                        "--dynamic-fields", "C1,C99", *SMALL)
     assert code == 2 and "dynamic_fields: C99 is not a declared field" in err, err
     code, _, err = cli("train", "--train", day0, "--model-dir", tmp_path / "b", "--steps", 2,
-                       "--dynamic-fields", "all", "--mode", "allreduce", *SMALL)
-    assert code == 2 and "dynamic_fields: mode allreduce is not supported yet" in err, err
+                       "--dynamic-fields", "all", "--mode", "mirrored", *SMALL)
+    assert code == 2 and "dynamic_fields: mode mirrored is not supported yet" in err, err
     # A model trained with fixed buckets does not warm-start a dynamic one, nor the reverse.
     ctrtrain_here("train", "--train", day0, "--model-dir", tmp_path / "fixed", "--steps", 2,
                   "--no-export", *SMALL)
@@ -105,3 +106,42 @@ def test_dynamic_fields_are_refused_where_they_cannot_hold(stream, tmp_path):
     code, _, err = cli("train", "--train", day0, "--model-dir", tmp_path / "d", "--steps", 2,
                        "--warm-start", tmp_path / "dynamic", *SMALL)
     assert code == 2 and "its model has dynamic_fields=['C1', 'C2'" in err, err
+
+
+def distinct_values(day, shard=None) -> int:
+    """Distinct (field, value) pairs in a day's records (every `shard` = (index, count)-th
+    record only)."""
+    import tensorflow as tf
+    files = sorted(str(f) for f in day.glob("*.tfrecord"))
+    spec = {f"C{j}": tf.io.FixedLenFeature([1], tf.string) for j in range(1, 9)}
+    seen = set()
+    for i, rec in enumerate(tf.data.TFRecordDataset(files)):
+        if shard and i % shard[1] != shard[0]:
+            continue
+        ex = tf.io.parse_single_example(rec, spec)
+        seen.update((name, v.numpy()[0]) for name, v in ex.items())
+    return len(seen)
+
+
+@pytest.mark.slow
+def test_an_allreduce_job_keeps_one_map_of_every_ranks_values(tmp_path):
+    """Two hosts, one rank each: every rank assigns the whole step's keys (all-gathered) in
+    one order, so the map -- and the rows new values claim in each rank's copy of the table
+    -- is the same everywhere. The chief's map holds the values both ranks read, not only its
+    own half's."""
+    from test_distributed import launch
+    out = tmp_path / "days"
+    ctrtrain_here("data", "synth", "--days", 2, "--rows", 6_000, "--ids", 2_000,
+                  "--categorical-fields", 8, "--out", out)      # buckets: twice the ids
+    day0, day1 = out / "day-000", out / "day-001"
+    r, job, log = launch(tmp_path, "deepfm-allreduce", out, hyperparameters={
+        "epochs": 1, "batch_size": 256, "dynamic_fields": "all"}, channels={
+        "training": {"path": str(day0)}, "test": {"path": str(day1)}})
+    assert r["replicas"] == 2 and r["mode"] == "allreduce", r
+    assert r["test"]["auc"] > 0.62, r["test"]
+    every = distinct_values(day0)
+    one_rank = max(distinct_values(day0, (0, 2)), distinct_values(day0, (1, 2)))
+    # Batches dropped at the end cost a few rare values; one rank's half would hold far fewer.
+    assert one_rank + 0.7 * (every - one_rank) < r["dynamic_rows"]["held"] <= every, \
+        (r["dynamic_rows"], every, one_rank)
+

@@ -95,3 +95,25 @@ def test_two_maps_fed_the_same_batches_agree_inside_a_function():
     # A sweep gives back an eighth of the pool at once (4 rows here), some of them queued
     # free until new keys claim them: never more than the pool, never far below it.
     assert 31 - 4 <= int(a.live()) <= 31
+
+
+def test_pools_side_by_side_each_within_its_own_rows():
+    """One map for several fields (a pool each, keys already distinct across fields: the
+    pipeline salts them): a pool that runs short gives back its own rows only."""
+    m = DynamicIds(pools=[(10, 4), (100, 8)])
+    steady = [1001, 1002, 1003, 1004, 1005]          # the second field's: 5 of its 7 rows
+    first = None
+    for step in range(1, 30):
+        churn = [step * 10 + j for j in range(5)]     # the first field's: 5 new keys a step
+        keys = tf.constant(list(zip(churn, steady)), tf.int64)
+        rows, claimed = m.assign(keys, step)
+        rows = rows.numpy()
+        assert set(rows[:, 0]) <= set(range(10, 14)) and set(rows[:, 1]) <= set(range(101, 108))
+        # The first pool has 3 rows to give a step's 5 new keys: 2 read its shared row 10.
+        assert sorted(rows[:, 0]).count(10) == 2 and len(set(rows[:, 0]) - {10}) == 3
+        if first is None:
+            first = rows[:, 1]
+        np.testing.assert_array_equal(rows[:, 1], first)     # never given back
+        assert set(claimed.numpy()) <= set(range(11, 14)) | set(first)
+    np.testing.assert_array_equal(m.lookup(keys).numpy(), rows)
+    assert int(m.live()) == 3 + 5

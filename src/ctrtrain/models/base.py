@@ -145,12 +145,20 @@ class CTRModel(tf.Module):
         """The dynamic fields' columns of the batch's ids [B, dynamic fields]."""
         return tf.gather(features["ids"], [c for c, _, _ in self.cfg.dynamic], axis=1)
 
-    def claim_rows(self, features, step):
+    def claim_rows(self, features, step, gather=None):
         """Training, before the forward pass: the dynamic fields' keys in the batch counted
         and new ones given rows (DynamicIds.assign). Returns (the batch with table rows in
         place of keys, for __call__'s `keys_mapped`; the rows claimed [n], whose vectors and
-        optimizer state the caller renews: train/step.py)."""
-        rows, claimed = self.dynamic.assign(self._keys(features), step)
+        optimizer state the caller renews: train/step.py). `gather(keys)` -> (every
+        replica's keys, where this one's start): each replica then assigns the whole step's
+        keys in one order, so that every copy of the map stays the same."""
+        keys = self._keys(features)
+        if gather is None:
+            rows, claimed = self.dynamic.assign(keys, step)
+        else:
+            every, start = gather(keys)
+            rows, claimed = self.dynamic.assign(every, step)
+            rows = rows[start:start + tf.shape(keys, out_type=tf.int64)[0]]
         return self._with_rows(features, rows), claimed
 
     def table_ids(self, features):

@@ -196,8 +196,8 @@ class TrainConfig:
     dynamic_fields: tuple[str, ...] | None = setting(
         None, "model", "hashed categorical fields (or all) read as raw values: each value "
         "claims a row of the field's buckets for itself when first seen (dynamic_admit), the "
-        "least often seen give theirs back when they are all held (docs/continual.md); one "
-        "process (mode single) for now", items(_field_name))
+        "least often seen give theirs back when they are all held (docs/continual.md); modes "
+        "single and allreduce", items(_field_name))
     dynamic_admit: int = setting(1, "model", "a dynamic field's value gets a row of its own "
                                  "once seen this many times (before: a row shared by the "
                                  "field's unadmitted values)", number(int, 1))
@@ -457,9 +457,9 @@ def check_config(cfg: TrainConfig):
     for name in ("train_dir", "valid_dir", "test_dir"):
         if isinstance(getattr(cfg, name), (list, tuple)):   # one path in a list: that path
             setattr(cfg, name, _source(getattr(cfg, name)))
-    if cfg.dynamic_fields and cfg.mode != Mode.SINGLE:
-        raise ConfigError(f"dynamic_fields: mode {cfg.mode} is not supported yet; a dynamic "
-                          "table trains in one process (mode single)")
+    if cfg.dynamic_fields and cfg.mode not in (Mode.SINGLE, Mode.ALLREDUCE):
+        raise ConfigError(f"dynamic_fields: mode {cfg.mode} is not supported yet (modes "
+                          "single and allreduce are)")
     if cfg.fields and cfg.input_mode != "Pipe":
         raise ConfigError("fields is for a Pipe channel: File data declares its fields in its "
                           "manifest")

@@ -57,6 +57,20 @@ class Runtime:
                     for g in grads]
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
 
+    def gather_batches(self, t):
+        """(t of every replica, concatenated in replica order on axis 0; where this replica's
+        rows start in it): the same on every replica."""
+        if self.replicas == 1:
+            return t, tf.constant(0, tf.int64)
+        size = tf.shape(t, out_type=tf.int64)[:1]
+        if self.hvd is not None:
+            every, sizes, me = self.hvd.allgather(t), self.hvd.allgather(size), self.hvd.rank()
+        else:
+            ctx = tf.distribute.get_replica_context()
+            every, sizes = ctx.all_gather(t, axis=0), ctx.all_gather(size, axis=0)
+            me = ctx.replica_id_in_sync_group
+        return every, tf.reduce_sum(sizes[:me])
+
     # -- around the step ----------------------------------------------------------------------
     def distribute(self, make_dataset):
         """An iterable of per-replica batches. make_dataset() builds this process's input

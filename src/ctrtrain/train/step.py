@@ -25,11 +25,13 @@ def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float,
     # After a cross-replica reduction a table's gradient rows may repeat (one set per replica).
     unique = model.unique_gradients and replicas == 1
 
+    gather = runtime.gather_batches if runtime is not None and runtime.replicas > 1 else None
+
     def claim_rows(batch):
         """The batch with its dynamic fields' keys mapped to rows; new keys' rows renewed
         with their optimizer state before the forward pass reads them
         (models/engine/dynamic.py)."""
-        batch, rows = model.claim_rows(batch, opt.iterations)
+        batch, rows = model.claim_rows(batch, opt.iterations, gather=gather)
         model.embeddings.renew(rows, opt.iterations)
         for var in model.embedding_tables:
             opt.reset_rows(var, rows)

@@ -34,6 +34,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+raw = tf.raw_ops
+
 _FREE = -1           # `seen` of a free slot
 _SHARED = -2         # `seen` of a pool's shared row (never held, never given)
 _COUNTS = 2 ** 40     # counts rank up to this in a sweep
@@ -57,16 +59,22 @@ class DynamicIds(tf.Module):
         self._offsets, self._sizes = offsets, sizes
         self._pool_of_slot = pool_of_slot
         self._row_of_slot = np.concatenate([np.arange(b, b + r) for b, r in pools])
+        contiguous = np.array_equal(self._row_of_slot, self._row_of_slot[0] + np.arange(total))
+        self._first_row = int(self._row_of_slot[0]) if contiguous else None
         self._sweep_rows = np.maximum(1, np.ceil(sizes * sweep)).astype(np.int64)
         self.slots = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, -1,
                                                              name="slots")
         self.pending = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, 0,
                                                                name="pending") \
             if self.admit > 1 else None
-        seen = np.full(total, _FREE, np.int64)
+        # count and seen have one more slot (`total`): a sink that the step's unknown keys
+        # count into, so that counting needs no mask of the batch's keys.
+        seen = np.full(total + 1, _FREE, np.int64)
         seen[offsets] = _SHARED
+        seen[total] = _SHARED
+        self._total = total
         self.key = tf.Variable(tf.zeros([total], tf.int64), trainable=False, name="key")
-        self.count = tf.Variable(tf.zeros([total], tf.int64), trainable=False, name="count")
+        self.count = tf.Variable(tf.zeros([total + 1], tf.int64), trainable=False, name="count")
         self.seen = tf.Variable(seen, trainable=False, name="seen")
         # Each pool's free slots, best first, in its own region of `queue`: claims take
         # queue[offset + head ...] while head < avail; a sweep refills it.
@@ -83,6 +91,8 @@ class DynamicIds(tf.Module):
     def _rows(self, slot):
         """Table rows of slots [N, pools] (-1: no slot, the pool's shared row)."""
         slot = tf.where(slot >= 0, slot, tf.constant(self._offsets)[None, :])
+        if self._first_row is not None:     # pools side by side in the table: an offset
+            return slot + self._first_row
         return tf.gather(tf.constant(self._row_of_slot), slot)
 
     def _out(self, rows, keys):
@@ -108,9 +118,9 @@ class DynamicIds(tf.Module):
         flat = tf.reshape(columns, [-1])
         slot = tf.reshape(self.slots.lookup(flat), [-1])      # a known rank, for the masks
         found = slot >= 0
-        held = tf.boolean_mask(slot, found)
-        self.count.scatter_add(tf.IndexedSlices(tf.ones_like(held), held))
-        self.seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(held), step), held))
+        counted = tf.where(found, slot, self._total)                # unknown keys: the sink
+        _scatter(raw.ResourceScatterAdd, self.count, counted, tf.ones_like(counted))
+        _scatter(raw.ResourceScatterUpdate, self.seen, counted, tf.fill(tf.shape(counted), step))
         at_new = tf.where(~found)[:, 0]
         new, where, new_counts = tf.unique_with_counts(tf.gather(flat, at_new),
                                                        out_idx=tf.int64)
@@ -142,29 +152,36 @@ class DynamicIds(tf.Module):
         slots, which keys got one)."""
         pools = len(self.pools)
         need = tf.math.unsorted_segment_sum(tf.ones_like(new_pool), new_pool, pools)
-        short = tf.reduce_any(self.head + need > self.avail)
-        with tf.control_dependencies([tf.cond(short, lambda: self._sweep(need, step),
+        short = _read(self.head) + need > _read(self.avail)
+        with tf.control_dependencies([tf.cond(tf.reduce_any(short),
+                                              lambda: self._sweep(short, need, step),
                                               lambda: tf.constant(0, tf.int64))]):
-            head, avail = self.head.read_value(), self.avail.read_value()
+            head, avail = _read(self.head), _read(self.avail)
         start = tf.cumsum(need, exclusive=True)
         rank = tf.range(tf.size(new, out_type=tf.int64)) - tf.gather(start, new_pool)
         at = tf.gather(head, new_pool) + rank
         ok = at < tf.gather(avail, new_pool)
-        chosen = tf.gather(self.queue, tf.boolean_mask(
+        chosen = _gather(self.queue, tf.boolean_mask(
             tf.gather(tf.constant(self._offsets), new_pool) + at, ok))
         keys, counts = tf.boolean_mask(new, ok), tf.boolean_mask(new_counts, ok)
-        self.head.assign(tf.minimum(head + need, avail))
+        raw.AssignVariableOp(resource=self.head.handle, value=tf.minimum(head + need, avail))
         self.slots.insert(keys, chosen)
-        self.key.scatter_update(tf.IndexedSlices(keys, chosen))
-        self.count.scatter_update(tf.IndexedSlices(counts, chosen))
-        self.seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(chosen), step), chosen))
+        _scatter(raw.ResourceScatterUpdate, self.key, chosen, keys)
+        _scatter(raw.ResourceScatterUpdate, self.count, chosen, counts)
+        _scatter(raw.ResourceScatterUpdate, self.seen, chosen, tf.fill(tf.shape(chosen), step))
         return chosen, ok
 
-    def _sweep(self, need, step):
-        """Refills every pool's queue with its best max(sweep share, need) slots: free ones
-        first, then expired ones (the least seen first), then the least seen; never a shared
-        row nor a slot this batch reads. The held ones among them are given back now."""
-        seen, count = self.seen.read_value(), self.count.read_value()
+    def _sweep(self, short, need, step):
+        """Refills the queue of every pool that is `short` with its best max(sweep share,
+        need) slots: free ones first, then expired ones (the least seen first), then the
+        least seen; never a shared row nor a slot this batch reads. The held ones among them
+        are given back now. Only the short pools' slots are ranked: a small pool that runs
+        short often does not sort the large ones."""
+        c = lambda v: tf.constant(v, tf.int64)    # noqa: E731
+        pool_of_slot = tf.constant(self._pool_of_slot, tf.int64)
+        slots = tf.where(tf.gather(short, pool_of_slot))[:, 0]       # ascending, pool-major
+        seen = tf.gather(_read(self.seen), slots)
+        count = tf.gather(_read(self.count), slots)
         free, held = tf.equal(seen, _FREE), seen >= 0
         expired = tf.logical_and(held, step - seen > self.ttl) if self.ttl else \
             tf.zeros_like(free)
@@ -172,36 +189,56 @@ class DynamicIds(tf.Module):
         # One sort of one int64 per slot: its pool above its class (free 3, expired 2,
         # held 1, blocked 0) above how rarely it was seen (counts capped at 2^40).
         rarity = _COUNTS - tf.minimum(count, _COUNTS - 1)
-        c = lambda v: tf.constant(v, tf.int64)    # noqa: E731
         kind = tf.where(free, c(3), tf.where(blocked, c(0), tf.where(expired, c(2), c(1))))
-        pool_of_slot = tf.constant(self._pool_of_slot, tf.int64)
-        rank_key = (len(self.pools) - 1 - pool_of_slot) * (4 * _COUNTS) + \
+        mine = tf.gather(pool_of_slot, slots)
+        rank_key = (len(self.pools) - 1 - mine) * (4 * _COUNTS) + \
             kind * _COUNTS + tf.where(blocked | free, c(0), rarity)
-        order = tf.argsort(rank_key, direction="DESCENDING", stable=True)
-        order = tf.cast(order, tf.int64)
+        order = tf.cast(tf.argsort(rank_key, direction="DESCENDING", stable=True), tf.int64)
         usable = tf.gather(kind, order) > 0
-        pool = tf.gather(pool_of_slot, order)
-        rank = tf.range(tf.size(order, out_type=tf.int64)) - tf.gather(
-            tf.constant(self._offsets), pool)
+        pool = tf.gather(mine, order)
+        held = tf.gather(held, order)
+        order = tf.gather(slots, order)
+        # A short pool's slots are one block of the order: its rank is its place there.
+        start = tf.cumsum(tf.where(short, tf.constant(self._sizes), 0), exclusive=True)
+        rank = tf.range(tf.size(order, out_type=tf.int64)) - tf.gather(start, pool)
         target = tf.maximum(tf.constant(self._sweep_rows), need)
         take = tf.logical_and(rank < tf.gather(target, pool), usable)
         taken, taken_pool = tf.boolean_mask(order, take), tf.boolean_mask(pool, take)
-        given = tf.boolean_mask(taken, tf.gather(held, taken))
-        self.slots.remove(tf.gather(self.key, given))
-        self.seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(given), tf.constant(
-            _FREE, tf.int64)), given))
-        self.count.scatter_update(tf.IndexedSlices(tf.zeros_like(given), given))
+        given = tf.boolean_mask(taken, tf.boolean_mask(held, take))
+        self.slots.remove(_gather(self.key, given))
+        _scatter(raw.ResourceScatterUpdate, self.seen, given,
+                 tf.fill(tf.shape(given), c(_FREE)))
+        _scatter(raw.ResourceScatterUpdate, self.count, given, tf.zeros_like(given))
         # Taken slots are each pool's first ranks: they go to the front of its region.
-        self.queue.scatter_update(tf.IndexedSlices(taken, tf.boolean_mask(rank, take) + tf.gather(
-            tf.constant(self._offsets), taken_pool)))
-        self.avail.assign(tf.math.unsorted_segment_sum(tf.ones_like(taken_pool), taken_pool,
-                                                       len(self.pools)))
-        self.head.assign(tf.zeros_like(self.head))
+        _scatter(raw.ResourceScatterUpdate, self.queue, tf.boolean_mask(rank, take) + tf.gather(
+            tf.constant(self._offsets), taken_pool), taken)
+        refilled = tf.math.unsorted_segment_sum(tf.ones_like(taken_pool), taken_pool,
+                                                len(self.pools))
+        raw.AssignVariableOp(resource=self.avail.handle,
+                             value=tf.where(short, refilled, _read(self.avail)))
+        raw.AssignVariableOp(resource=self.head.handle,
+                             value=tf.where(short, c(0), _read(self.head)))
         return tf.size(taken, out_type=tf.int64)
 
     def live(self, step=None) -> tf.Tensor:
         """Slots held by a key (with `step` and a ttl: seen within the ttl)."""
-        held = self.seen >= 0
+        seen = _read(self.seen)[:self._total]
+        held = seen >= 0
         if step is not None and self.ttl:
-            held = tf.logical_and(held, tf.cast(step, tf.int64) - self.seen <= self.ttl)
+            held = tf.logical_and(held, tf.cast(step, tf.int64) - seen <= self.ttl)
         return tf.reduce_sum(tf.cast(held, tf.int64))
+
+
+# Every read and update goes through the variable's handle: inside a replica of an all-reduce
+# job that is the replica's own copy, which every replica updates alike from the same
+# all-gathered keys (a MirroredVariable's own update methods would ask for an aggregation).
+def _read(var):
+    return raw.ReadVariableOp(resource=var.handle, dtype=var.dtype)
+
+
+def _gather(var, indices):
+    return raw.ResourceGather(resource=var.handle, indices=indices, dtype=var.dtype)
+
+
+def _scatter(op, var, indices, updates):
+    op(resource=var.handle, indices=indices, updates=updates)
