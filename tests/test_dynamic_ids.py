@@ -117,3 +117,17 @@ def test_pools_side_by_side_each_within_its_own_rows():
         assert set(claimed.numpy()) <= set(range(11, 14)) | set(first)
     np.testing.assert_array_equal(m.lookup(keys).numpy(), rows)
     assert int(m.live()) == 3 + 5
+
+
+def test_pending_counts_stay_within_the_pools_rows():
+    """admit 2 under a stream of keys each seen once: the pending counts never hold more
+    keys than the pool has rows; a key seen twice within that window is admitted."""
+    m = DynamicIds(rows=8, admit=2)
+    for step in range(1, 40):
+        rows_of(m, [step * 100 + j for j in range(3)], step)
+        assert int(m.pending.size()) <= 8
+    rows_of(m, [7, 7], 40)                   # twice in one batch: admitted at once
+    rows_of(m, [9], 41)
+    rows, claimed = rows_of(m, [9], 42)      # twice within the window: admitted
+    assert rows[0] > 0 and claimed == rows
+    assert int(m.lookup(tf.constant([7], tf.int64))[0]) > 0

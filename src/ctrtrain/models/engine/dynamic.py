@@ -5,7 +5,8 @@ A fixed table gives every id a row known in advance (a vocabulary, or a hash buc
 shares with every value hashed alike). A dynamic field instead maps each raw key (a hash of
 the raw value, any int64) to a row of its own, claimed when the key is first seen -- or, with
 `admit` N, when it has been seen N times; until then it reads its pool's shared first row and
-only its count is kept -- and given back when its pool needs room: rows not seen for `ttl`
+only its count is kept, for at most as many keys as the pools have rows (beyond that every
+pending count is forgotten at once) -- and given back when its pool needs room: rows not seen for `ttl`
 steps first, then the least frequently seen, never one the batch at hand reads. Each dynamic
 field's pool is its hash buckets (base .. base + rows - 1 of the one embedding table), so the
 table's optimizer, checkpoints and export serve it unchanged and its memory is the fixed
@@ -134,6 +135,12 @@ class DynamicIds(tf.Module):
                                 tf.boolean_mask(so_far, ~admitted))
             self.pending.remove(tf.boolean_mask(new, admitted))
             new_counts = so_far
+            # At most as many pending counts as the pools have rows: beyond that all are
+            # forgotten at once (a key must reach `admit` within that window), so that a
+            # stream of ever-new keys seen once holds no memory beyond the cap.
+            tf.cond(self.pending.size() > self._total,
+                    lambda: self.pending.remove(self.pending.export()[0]),
+                    tf.no_op)
         # The admitted keys pool after pool (in order of first sight within a pool), as
         # their claims are served.
         at = tf.boolean_mask(tf.range(tf.size(new, out_type=tf.int64)), admitted)
