@@ -145,3 +145,15 @@ def test_an_allreduce_job_keeps_one_map_of_every_ranks_values(tmp_path):
     assert one_rank + 0.7 * (every - one_rank) < r["dynamic_rows"]["held"] <= every, \
         (r["dynamic_rows"], every, one_rank)
 
+
+
+def test_bench_dynamic_scale_holds_more_ids_than_rows_in_its_pools(tmp_path):
+    """The scale simulation, small: more ids are drawn than the pools have rows, the rows
+    held never exceed the pools, and the report says so."""
+    out = ctrtrain_here("bench", "dynamic-scale", "--ids", 60_000, "--fields", 2, "--pool",
+                        2_000, "--steps", 60, "--batch-size", 512, "--json", tmp_path / "s.json")
+    r = json.loads((tmp_path / "s.json").read_text())
+    assert r["ids_drawn"] > 2 * 2_000 and "ids drawn over 60 steps" in out
+    assert all(0 < w["held_rows"] <= 2 * 2_000 for w in r["windows"]), r["windows"]
+    assert r["windows"][-1]["ids_drawn"] == r["ids_drawn"] and r["peak_resident_bytes"] > 0
+    assert (tmp_path / "s.png").exists()

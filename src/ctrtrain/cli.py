@@ -566,6 +566,25 @@ def _bench_commands(sub):
     p.add_argument("--json", default=None, help="also write the report here, and beside it "
                    "(.png) the next-day AUC and the training time by day")
     p.set_defaults(func=cmd_bench_continual)
+    p = bsub.add_parser("dynamic-scale", help="dynamic fields at the scale of a large id "
+                        "space, simulated: ids born without end train in the pools' memory",
+                        description="A stream whose fields bear --ids ids over the run (the "
+                        "newest drawn most), made in the graph, trained by train's step with "
+                        "every field dynamic in pools of --pool rows: examples/s, ids drawn, "
+                        "rows held, resident memory, loss and progressive AUC by window "
+                        "(docs/benchmarks.md, \"Dynamic fields at scale\").")
+    p.add_argument("--ids", type=POSITIVE, default=100_000_000,
+                   help="ids born over the run, all fields together")
+    p.add_argument("--fields", type=POSITIVE, default=8, help="dynamic fields")
+    p.add_argument("--pool", type=POSITIVE, default=1_000_000, help="rows of each field's pool")
+    p.add_argument("--steps", type=POSITIVE, default=20_000, help="training steps")
+    p.add_argument("--batch-size", type=POSITIVE, default=1024, help="examples a step")
+    p.add_argument("--zipf", type=_number(float, 1, low_open=True), default=1.1,
+                   help="the exponent of a draw's age rank (the newest ids drawn most)")
+    p.add_argument("--seed", type=int, default=0, help="the stream's and the model's seed")
+    p.add_argument("--json", default=None, help="also write the report here, and beside it "
+                   "(.png) ids, memory and AUC by step")
+    p.set_defaults(func=cmd_bench_dynamic_scale)
     p = bsub.add_parser("startup", help="where a small run's wall time goes: phases of "
                                         "`ctrtrain train` in fresh processes, and its exit")
     p.add_argument("--train", required=True, help="training data (directory, files or glob)")
@@ -713,6 +732,12 @@ def cmd_bench_continual(a):
                                                    "embedding_size": a.embedding_size,
                                                    "model": a.model},
                         json_path=a.json, synth=None if a.stream else synth)
+
+
+def cmd_bench_dynamic_scale(a):
+    from .bench.dynamic_scale import run_dynamic_scale
+    run_dynamic_scale(ids=a.ids, fields=a.fields, pool=a.pool, steps=a.steps,
+                      batch_size=a.batch_size, zipf=a.zipf, seed=a.seed, json_path=a.json)
 
 
 def cmd_bench_startup(a):
