@@ -65,6 +65,11 @@ def test_a_dynamic_table_trains_within_its_buckets_and_serves_raw_values(stream,
     assert f"AUC {r['test']['auc']:.4f}" in out, (out, r["test"])
     info = json.loads(next((md / "export").glob("*/assets.extra/ctrtrain.json")).read_text())
     assert info["dynamic_fields"] == [f"C{j}" for j in range(1, 9)]
+    # The run's config.yaml names the fields (not `all`) and re-runs as it is.
+    written = (md / "config.yaml").read_text()
+    assert "dynamic_fields:\n  - C1\n" in written, written
+    ctrtrain_here("train", "--config", md / "config.yaml", "--model-dir", tmp_path / "again",
+                  "--steps", 2, "--no-export")
 
 
 def test_a_dynamic_run_resumes_exactly_and_warm_starts_the_next_day(stream, tmp_path):

@@ -452,6 +452,7 @@ def test_the_written_config_holds_the_models_own_options_as_it_used_them(history
     import yaml
 
     from ctrtrain.models import MODELS
+    from ctrtrain.train.config import UNIVERSAL
     md = tmp_path / "m"
     ctrtrain_here("train", "--train", history_data / "train", "--model-dir", md, "--model",
                   "din", "--din-target", "C1", "--din-attention-units", "8", "--deep-layers",
@@ -462,8 +463,7 @@ def test_the_written_config_holds_the_models_own_options_as_it_used_them(history
         ("S1", "C1", [8])
     others = {o for name, e in MODELS.items() if name != "din" for o in e.options}
     assert not others & set(model), others & set(model)
-    assert set(model) == {"model", "l2_reg", "l2_embedding", "output_bias", *MODELS["din"].reads,
-                          *MODELS["din"].options}
+    assert set(model) == {*UNIVERSAL, *MODELS["din"].reads, *MODELS["din"].options}
     assert written["optimizer"]["table_updates"] == "dense"          # auto, for 2,000 rows
     assert written["schedule"]["batch_size"] == 256 and written["data"]["shuffle_buffer"] > 0
     ctrtrain_here("train", "--config", md / "config.yaml", "--steps", 6)

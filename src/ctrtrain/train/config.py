@@ -104,6 +104,13 @@ def _field_name(v):
     return text
 
 
+def _field_names(v):
+    """Field names (or all); none (a config file's null, an empty flag): None."""
+    if v is None or (isinstance(v, str) and not v.strip()) or v == []:
+        return None
+    return items(_field_name)(v)
+
+
 def _fields(v):
     """A stream's declared fields: a data directory or a JSON file declaring them (a path), or
     the declaration itself (a list; JSON text as a flag or a SageMaker hyperparameter)."""
@@ -197,7 +204,7 @@ class TrainConfig:
         None, "model", "hashed categorical fields (or all) read as raw values: each value "
         "claims a row of the field's buckets for itself when first seen (dynamic_admit), the "
         "least often seen give theirs back when they are all held (docs/continual.md); modes "
-        "single and allreduce", items(_field_name))
+        "single and allreduce", _field_names)
     dynamic_admit: int = setting(1, "model", "a dynamic field's value gets a row of its own "
                                  "once seen this many times (before: a row shared by the "
                                  "field's unadmitted values)", number(int, 1))
