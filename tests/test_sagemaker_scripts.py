@@ -329,7 +329,9 @@ def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
     r = run_cli("launch", job)
     run = tmp_path / "run"
     res = json.loads((run / "model" / "result.json").read_text())
-    assert res["task"] == {"index": 0, "type": "master"} and res["global_step"] == 40
+    # Asynchronous: the master and the worker each check the step before their next one, so
+    # the last of them may land one past max_steps (41 when the host is loaded).
+    assert res["task"] == {"index": 0, "type": "master"} and res["global_step"] in (40, 41)
     assert abs(res["w"][0] - 2) < 0.05 and abs(res["w"][1] + 1) < 0.05
     assert (run / "model" / res["export"] / "saved_model.pb").exists()
     tf_config = {"cluster": {"master": ["algo-1:2222"], "ps": ["algo-1:2223", "algo-2:2223"],
