@@ -55,6 +55,11 @@ class ModelConfig:
     options: dict = dataclasses.field(default_factory=dict)   # the model's own options
 
     @property
+    def dynamic_columns(self) -> tuple[int, ...]:
+        """The `ids` columns that hold dynamic fields' raw keys."""
+        return tuple(c for c, _, _ in self.dynamic)
+
+    @property
     def numeric_slotless(self) -> int:
         """The numeric fields without a row or a slot in the embedded block (numeric_input
         value)."""
@@ -143,7 +148,7 @@ class CTRModel(tf.Module):
 
     def _keys(self, features):
         """The dynamic fields' columns of the batch's ids [B, dynamic fields]."""
-        return tf.gather(features["ids"], [c for c, _, _ in self.cfg.dynamic], axis=1)
+        return tf.gather(features["ids"], list(self.cfg.dynamic_columns), axis=1)
 
     def claim_rows(self, features, step, gather=None):
         """Training, before the forward pass: the dynamic fields' keys in the batch counted
@@ -172,8 +177,8 @@ class CTRModel(tf.Module):
         """The batch's ids with the dynamic fields' columns replaced by `rows` [B, dynamic]:
         one concat and one gather of static columns (a column at a time cost two ops each)."""
         ids = features["ids"]
-        width, dynamic = ids.shape[1], [c for c, _, _ in self.cfg.dynamic]
-        if dynamic == list(range(width)):
+        width, dynamic = ids.shape[1], self.cfg.dynamic_columns
+        if dynamic == tuple(range(width)):
             return {**features, "ids": rows}
         columns = list(range(width))
         for j, c in enumerate(dynamic):

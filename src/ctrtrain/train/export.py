@@ -56,8 +56,7 @@ class _Serving(tf.Module):
             is not finite: a finite value too large for the model (1e30 times a weight
             overflows) would otherwise be answered NaN."""
             logits, _ = self.model(check_request(features, cfg.feature_size,
-                                                 tuple(c for c, _, _ in cfg.dynamic)),
-                                   training=False)
+                                                 cfg.dynamic_columns), training=False)
             bad = ~tf.math.is_finite(logits)
             first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
             with tf.control_dependencies([tf.debugging.Assert(~tf.reduce_any(bad), [
