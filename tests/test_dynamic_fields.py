@@ -40,12 +40,14 @@ def held_keys(ck) -> dict:
 
 
 def test_a_dynamic_table_trains_within_its_buckets_and_serves_raw_values(stream, tmp_path):
+    """In mode mirrored (two replicas of one process, one map assigned once a step for both;
+    the resume test below trains one replica)."""
     day0, day1 = stream
     md = tmp_path / "d0"
     ctrtrain_here("train", "--train", day0, "--test", day1, "--model-dir", md, "--epochs", 2,
-                  *DYNAMIC)
+                  "--mode", "mirrored", "--devices", 2, *DYNAMIC)
     r = json.loads((md / "result.json").read_text())
-    assert r["test"]["auc"] > 0.62, r["test"]
+    assert r["replicas"] == 2 and r["test"]["auc"] > 0.62, r
     ck = checkpoint(md, r["step"])
     seen, key = ck[MAP + "seen/.ATTRIBUTES/VARIABLE_VALUE"], ck[MAP + "key/.ATTRIBUTES/VARIABLE_VALUE"]
     # Memory is the buckets': 8 fields x 48 slots, one of each shared (and one more, where
@@ -98,8 +100,8 @@ def test_dynamic_fields_are_refused_where_they_cannot_hold(stream, tmp_path):
                        "--dynamic-fields", "C1,C99", *SMALL)
     assert code == 2 and "dynamic_fields: C99 is not a declared field" in err, err
     code, _, err = cli("train", "--train", day0, "--model-dir", tmp_path / "b", "--steps", 2,
-                       "--dynamic-fields", "all", "--mode", "mirrored", *SMALL)
-    assert code == 2 and "dynamic_fields: mode mirrored is not supported yet" in err, err
+                       "--dynamic-fields", "all", "--mode", "horovod", *SMALL)
+    assert code == 2 and "dynamic_fields: mode horovod is not supported yet" in err, err
     # A model trained with fixed buckets does not warm-start a dynamic one, nor the reverse.
     ctrtrain_here("train", "--train", day0, "--model-dir", tmp_path / "fixed", "--steps", 2,
                   "--no-export", *SMALL)
@@ -150,6 +152,41 @@ def test_an_allreduce_job_keeps_one_map_of_every_ranks_values(tmp_path):
     assert one_rank + 0.7 * (every - one_rank) < r["dynamic_rows"]["held"] <= every, \
         (r["dynamic_rows"], every, one_rank)
 
+
+@pytest.mark.slow
+def test_parameter_servers_partition_the_map_by_key(tmp_path):
+    """Two workers and two servers: each server holds the keys k with k mod 2 = its index,
+    in its part of every pool, updated by both workers' concurrent steps one at a time (a
+    CriticalSection a server); the chief evaluates and exports through both parts."""
+    from test_distributed import launch
+    out = tmp_path / "days"
+    ctrtrain_here("data", "synth", "--days", 2, "--rows", 6_000, "--ids", 2_000,
+                  "--categorical-fields", 8, "--out", out)
+    day0, day1 = out / "day-000", out / "day-001"
+    r, job, log = launch(tmp_path, "deepfm-parameter-server", out, hyperparameters={
+        "epochs": 2, "batch_size": 256, "dynamic_fields": "all"}, channels={
+        "training": {"path": str(day0)}, "test": {"path": str(day1)}})
+    assert (r["mode"], r["parameter_servers"], r["workers"]) == ("parameter_server", 2, 2), r
+    assert r["test"]["auc"] > 0.62, r["test"]
+    ck = checkpoint(tmp_path / "run" / "checkpoints", r["step"])
+    held = 0
+    for s in (0, 1):
+        keys = ck[MAP + f"shards/{s}/slots/.ATTRIBUTES/table-keys"]
+        slots = ck[MAP + f"shards/{s}/slots/.ATTRIBUTES/table-values"]
+        key = ck[MAP + f"shards/{s}/key/.ATTRIBUTES/VARIABLE_VALUE"]
+        seen = ck[MAP + f"shards/{s}/seen/.ATTRIBUTES/VARIABLE_VALUE"]
+        assert len(keys) > 100 and np.all(keys % 2 == s), (s, keys[:10])
+        # One slot a key: the concurrent steps never gave two keys one slot.
+        assert len(set(slots.tolist())) == len(slots)
+        np.testing.assert_array_equal(key[slots], keys)
+        assert np.all(seen[slots] >= 0)
+        held += len(keys)
+    every = distinct_values(day0)
+    assert 0.9 * every < r["dynamic_rows"]["held"] == held <= every, (r["dynamic_rows"], every)
+    # The export serves raw values: predict's AUC is the run's test AUC.
+    pred = ctrtrain_here("predict", "--model", tmp_path / "run" / "model" / "export",
+                         "--input", day1, "--out", tmp_path / "p.csv")
+    assert f"AUC {r['test']['auc']:.4f}" in pred, (pred, r["test"])
 
 
 def test_bench_dynamic_scale_holds_more_ids_than_rows_in_its_pools(tmp_path):

@@ -13,7 +13,7 @@ import dataclasses
 import tensorflow as tf
 
 from .blocks import NumericLinear
-from .engine.dynamic import DynamicIds
+from .engine.dynamic import dynamic_ids
 from .engine.tables import EMBEDDING_INIT, EmbeddingTable, shards
 
 
@@ -109,8 +109,8 @@ class CTRModel(tf.Module):
             cfg = dataclasses.replace(cfg, embedding_init=self.embedding_init)
         self.embeddings = EmbeddingTable(cfg, self.first_order)
         # Dynamic fields: one map of their raw keys onto their buckets (a pool each).
-        self.dynamic = DynamicIds(admit=cfg.dynamic_admit, ttl=cfg.dynamic_ttl,
-                                  pools=[(base, rows) for _, base, rows in cfg.dynamic]) \
+        self.dynamic = dynamic_ids([(base, rows) for _, base, rows in cfg.dynamic],
+                                   admit=cfg.dynamic_admit, ttl=cfg.dynamic_ttl) \
             if cfg.dynamic else None
         # Starting at the data's base rate, early steps are calibrated on rare-positive data
         # instead of spending themselves on moving the bias from 0.5.
@@ -150,20 +150,17 @@ class CTRModel(tf.Module):
         """The dynamic fields' columns of the batch's ids [B, dynamic fields]."""
         return tf.gather(features["ids"], list(self.cfg.dynamic_columns), axis=1)
 
-    def claim_rows(self, features, step, gather=None):
+    def claim_rows(self, features, step, share=None):
         """Training, before the forward pass: the dynamic fields' keys in the batch counted
         and new ones given rows (DynamicIds.assign). Returns (the batch with table rows in
         place of keys, for __call__'s `keys_mapped`; the rows claimed [n], whose vectors and
-        optimizer state the caller renews: train/step.py). `gather(keys)` -> (every
-        replica's keys, where this one's start): each replica then assigns the whole step's
-        keys in one order, so that every copy of the map stays the same."""
+        optimizer state the caller renews: train/step.py). `share(keys, assign)` -> (this
+        replica's rows, the rows claimed): how replicas assign the whole step's keys in one
+        order (train/runtime.py Runtime.assign_keys); None: this batch alone."""
+        def assign(keys):
+            return self.dynamic.assign(keys, step)
         keys = self._keys(features)
-        if gather is None:
-            rows, claimed = self.dynamic.assign(keys, step)
-        else:
-            every, start = gather(keys)
-            rows, claimed = self.dynamic.assign(every, step)
-            rows = rows[start:start + tf.shape(keys, out_type=tf.int64)[0]]
+        rows, claimed = share(keys, assign) if share is not None else assign(keys)
         return self._with_rows(features, rows), claimed
 
     def table_ids(self, features):

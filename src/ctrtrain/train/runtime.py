@@ -57,19 +57,35 @@ class Runtime:
                     for g in grads]
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
 
-    def gather_batches(self, t):
-        """(t of every replica, concatenated in replica order on axis 0; where this replica's
-        rows start in it): the same on every replica."""
+    def assign_keys(self, keys, assign):
+        """(this replica's rows, the rows claimed) of `assign(keys)` (the dynamic fields' map,
+        models/engine/dynamic.py) over the keys of every replica of the step, concatenated
+        in replica order: every copy of the map sees the same keys in the same order and
+        stays the same. A process of several replicas (mirrored) holds one map, assigned once
+        (a merge_call) for all of them; each process of an all-reduce or Horovod job its own
+        copy, assigned by each from the all-gathered keys."""
         if self.replicas == 1:
-            return t, tf.constant(0, tf.int64)
-        size = tf.shape(t, out_type=tf.int64)[:1]
-        if self.hvd is not None:
-            every, sizes, me = self.hvd.allgather(t), self.hvd.allgather(size), self.hvd.rank()
+            return assign(keys)
+        ctx = tf.distribute.get_replica_context()
+        n = tf.shape(keys, out_type=tf.int64)[0]
+        if self.mode == "mirrored":
+            def merged(strategy, keys, n):
+                rows, claimed = assign(tf.concat(strategy.experimental_local_results(keys), 0))
+                starts = tf.cumsum(tf.stack(strategy.experimental_local_results(n)),
+                                   exclusive=True)
+                return rows, starts, claimed
+            rows, starts, claimed = ctx.merge_call(merged, args=(keys, n))
+            start = starts[ctx.replica_id_in_sync_group]
         else:
-            ctx = tf.distribute.get_replica_context()
-            every, sizes = ctx.all_gather(t, axis=0), ctx.all_gather(size, axis=0)
-            me = ctx.replica_id_in_sync_group
-        return every, tf.reduce_sum(sizes[:me])
+            if self.hvd is not None:
+                every, sizes = self.hvd.allgather(keys), self.hvd.allgather(n[None])
+                me = self.hvd.rank()
+            else:
+                every, sizes = ctx.all_gather(keys, axis=0), ctx.all_gather(n[None], axis=0)
+                me = ctx.replica_id_in_sync_group
+            rows, claimed = assign(every)
+            start = tf.reduce_sum(sizes[:me])
+        return tf.ensure_shape(rows[start:start + n], keys.shape), claimed
 
     # -- around the step ----------------------------------------------------------------------
     def distribute(self, make_dataset):

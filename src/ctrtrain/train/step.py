@@ -8,6 +8,7 @@ import tensorflow as tf
 from ..models import build_model
 from ..models.base import ModelConfig
 from ..models.engine.optimizers import make_optimizer
+from ..models.engine.tables import rows_by_shard
 
 
 def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float, runtime=None,
@@ -25,16 +26,16 @@ def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float,
     # After a cross-replica reduction a table's gradient rows may repeat (one set per replica).
     unique = model.unique_gradients and replicas == 1
 
-    gather = runtime.gather_batches if runtime is not None and runtime.replicas > 1 else None
+    share = runtime.assign_keys if runtime is not None else None
 
     def claim_rows(batch):
         """The batch with its dynamic fields' keys mapped to rows; new keys' rows renewed
         with their optimizer state before the forward pass reads them
         (models/engine/dynamic.py)."""
-        batch, rows = model.claim_rows(batch, opt.iterations, gather=gather)
+        batch, rows = model.claim_rows(batch, opt.iterations, share=share)
         model.embeddings.renew(rows, opt.iterations)
-        for var in model.embedding_tables:
-            opt.reset_rows(var, rows)
+        for shard, own, _ in rows_by_shard(model.table, rows):
+            opt.reset_rows(shard, own)
         return batch
 
     def replica_step(batch):

@@ -32,6 +32,8 @@ the lower slot), so processes that assign the same batches in the same order agr
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 
@@ -45,14 +47,18 @@ SWEEP = 0.125        # a sweep queues at least this share of each pool
 
 class DynamicIds(tf.Module):
     def __init__(self, rows: int | None = None, base: int = 0, admit: int = 1, ttl: int = 0,
-                 pools=None, sweep: float = SWEEP, name: str = "dynamic_ids"):
+                 pools=None, sweep: float = SWEEP, guard: int = 0, device: str | None = None,
+                 name: str = "dynamic_ids"):
         """`pools`: (first row, rows) of each dynamic field, in the order of the key columns
-        `assign` and `lookup` take; or one pool of `rows` rows from `base`."""
+        `assign` and `lookup` take; or one pool of `rows` rows from `base`. `guard`: a slot
+        seen within this many steps before the current one is not given back (asynchronous
+        workers: another worker's step may still read it). `device`: where the map lives
+        (a parameter server: ShardedDynamicIds), None for the strategy's placement."""
         super().__init__(name=name)
         pools = tuple((int(b), int(r)) for b, r in (pools or [(base, rows)]))
         if any(r < 2 for _, r in pools):
             raise ValueError("a dynamic field's pool needs at least 2 rows (one is shared)")
-        self.pools, self.admit, self.ttl = pools, int(admit), int(ttl)
+        self.pools, self.admit, self.ttl, self.guard = pools, int(admit), int(ttl), int(guard)
         sizes = np.array([r for _, r in pools], np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         total = int(sizes.sum())
@@ -63,60 +69,58 @@ class DynamicIds(tf.Module):
         contiguous = np.array_equal(self._row_of_slot, self._row_of_slot[0] + np.arange(total))
         self._first_row = int(self._row_of_slot[0]) if contiguous else None
         self._sweep_rows = np.maximum(1, np.ceil(sizes * sweep)).astype(np.int64)
-        self.slots = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, -1,
-                                                             name="slots")
-        self.pending = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, 0,
-                                                               name="pending") \
-            if self.admit > 1 else None
         # count and seen have one more slot (`total`): a sink that the step's unknown keys
         # count into, so that counting needs no mask of the batch's keys.
         seen = np.full(total + 1, _FREE, np.int64)
         seen[offsets] = _SHARED
         seen[total] = _SHARED
         self._total = total
-        self.key = tf.Variable(tf.zeros([total], tf.int64), trainable=False, name="key")
-        self.count = tf.Variable(tf.zeros([total + 1], tf.int64), trainable=False, name="count")
-        self.seen = tf.Variable(seen, trainable=False, name="seen")
         # Each pool's free slots, best first, in its own region of `queue`: claims take
         # queue[offset + head ...] while head < avail; a sweep refills it.
         queue = np.arange(total, dtype=np.int64) + 1
-        self.queue = tf.Variable(queue, trainable=False, name="queue")
-        self.head = tf.Variable(tf.zeros([len(pools)], tf.int64), trainable=False, name="head")
-        self.avail = tf.Variable(sizes - 1, trainable=False, name="avail")
+        with tf.device(device) if device else contextlib.nullcontext():
+            self.slots = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, -1,
+                                                                 name="slots")
+            self.pending = tf.lookup.experimental.MutableHashTable(
+                tf.int64, tf.int64, 0, name="pending") if self.admit > 1 else None
+            variable = _placed_variable if device else _variable
+            self.key = variable(np.zeros([total], np.int64), "key")
+            self.count = variable(np.zeros([total + 1], np.int64), "count")
+            self.seen = variable(seen, "seen")
+            self.queue = variable(queue, "queue")
+            self.head = variable(np.zeros([len(pools)], np.int64), "head")
+            self.avail = variable(sizes - 1, "avail")
 
-    def _columns(self, keys):
-        """keys [N, pools] (one pool: keys of any shape, as [N, 1])."""
-        keys = tf.cast(keys, tf.int64)
-        return tf.reshape(keys, [-1, 1]) if len(self.pools) == 1 else keys
-
-    def _rows(self, slot):
-        """Table rows of slots [N, pools] (-1: no slot, the pool's shared row)."""
-        slot = tf.where(slot >= 0, slot, tf.constant(self._offsets)[None, :])
+    def _rows(self, slot, pool):
+        """Table rows of slots [n] of keys of pools [n] (-1: no slot, the pool's shared row)."""
+        slot = tf.where(slot >= 0, slot, tf.gather(tf.constant(self._offsets), pool))
         if self._first_row is not None:     # pools side by side in the table: an offset
             return slot + self._first_row
         return tf.gather(tf.constant(self._row_of_slot), slot)
 
-    def _out(self, rows, keys):
-        return tf.reshape(rows, tf.shape(keys)) if len(self.pools) == 1 else \
-            tf.ensure_shape(rows, keys.shape)
-
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
-        """Table rows of `keys` [N, pools] without changing anything (evaluation, serving):
-        a key with no row of its own reads its pool's shared row."""
-        columns = self._columns(keys)
-        slot = tf.reshape(self.slots.lookup(columns), tf.shape(columns))
-        return self._out(self._rows(slot), keys)
+        """Table rows of `keys` [N, pools] (one pool: any shape) without changing anything
+        (evaluation, serving): a key with no row of its own reads its pool's shared row."""
+        flat, pool = flat_keys(keys, len(self.pools))
+        return _shaped(self.lookup_flat(flat, pool), keys, len(self.pools))
+
+    def lookup_flat(self, flat, pool):
+        """lookup of keys [n] of pools [n]."""
+        return self._rows(tf.reshape(self.slots.lookup(flat), [-1]), pool)
 
     def assign(self, keys: tf.Tensor, step) -> tuple[tf.Tensor, tf.Tensor]:
-        """(table rows of `keys` [N, pools], the rows claimed by new keys in this call):
-        counts and last-seen steps updated, new keys admitted into their pools' free or
-        given-back slots. The caller resets the claimed rows (their vectors and optimizer
-        state) before reading them. One lookup of every key; only the new ones are
+        """(table rows of `keys` [N, pools] (one pool: any shape), the rows claimed by new
+        keys in this call): counts and last-seen steps updated, new keys admitted into their
+        pools' free or given-back slots. The caller resets the claimed rows (their vectors
+        and optimizer state) before reading them."""
+        flat, pool = flat_keys(keys, len(self.pools))
+        rows, claimed = self.assign_flat(flat, pool, step)
+        return _shaped(rows, keys, len(self.pools)), claimed
+
+    def assign_flat(self, flat, pool, step):
+        """assign of keys [n] of pools [n]. One lookup of every key; only the new ones are
         de-duplicated (a batch's keys are mostly known ones)."""
         step = tf.cast(step, tf.int64)
-        columns = self._columns(keys)
-        pools = len(self.pools)
-        flat = tf.reshape(columns, [-1])
         slot = tf.reshape(self.slots.lookup(flat), [-1])      # a known rank, for the masks
         found = slot >= 0
         counted = tf.where(found, slot, self._total)                # unknown keys: the sink
@@ -126,7 +130,7 @@ class DynamicIds(tf.Module):
         new, where, new_counts = tf.unique_with_counts(tf.gather(flat, at_new),
                                                        out_idx=tf.int64)
         new_counts = tf.cast(new_counts, tf.int64)
-        new_pool = tf.math.unsorted_segment_min(at_new % pools, where, tf.size(new))
+        new_pool = tf.math.unsorted_segment_min(tf.gather(pool, at_new), where, tf.size(new))
         admitted = tf.ones_like(new, tf.bool)
         if self.pending is not None:
             so_far = tf.reshape(self.pending.lookup(new), [-1]) + new_counts
@@ -151,8 +155,7 @@ class DynamicIds(tf.Module):
         slot_of_new = tf.scatter_nd(tf.boolean_mask(at, ok)[:, None], chosen + 1,
                                     tf.shape(new, tf.int64)) - 1
         slot = tf.tensor_scatter_nd_update(slot, at_new[:, None], tf.gather(slot_of_new, where))
-        rows = self._rows(tf.reshape(slot, [-1, pools]))
-        return self._out(rows, keys), tf.gather(tf.constant(self._row_of_slot), chosen)
+        return self._rows(slot, pool), tf.gather(tf.constant(self._row_of_slot), chosen)
 
     def _claim(self, new, new_counts, new_pool, step):
         """Slots for the new keys (sorted by pool), as many as their pools can give: (the
@@ -192,7 +195,7 @@ class DynamicIds(tf.Module):
         free, held = tf.equal(seen, _FREE), seen >= 0
         expired = tf.logical_and(held, step - seen > self.ttl) if self.ttl else \
             tf.zeros_like(free)
-        blocked = tf.logical_or(tf.equal(seen, _SHARED), tf.logical_and(held, seen >= step))
+        blocked = tf.logical_or(tf.equal(seen, _SHARED), tf.logical_and(held, seen >= step - self.guard))
         # One sort of one int64 per slot: its pool above its class (free 3, expired 2,
         # held 1, blocked 0) above how rarely it was seen (counts capped at 2^40).
         rarity = _COUNTS - tf.minimum(count, _COUNTS - 1)
@@ -234,6 +237,116 @@ class DynamicIds(tf.Module):
         if step is not None and self.ttl:
             held = tf.logical_and(held, tf.cast(step, tf.int64) - seen <= self.ttl)
         return tf.reduce_sum(tf.cast(held, tf.int64))
+
+
+class ShardedDynamicIds(tf.Module):
+    """The map partitioned by key over parameter servers (asynchronous training): the key
+    k's slot is held by server k mod S, whose DynamicIds has its own part of every pool (a
+    contiguous S-th of the field's rows, each part with its own shared row). A worker's step
+    sends each server only its keys, and each server assigns them inside a CriticalSection
+    of its own, so the steps that workers run at the same time update a server's map one
+    after the other (the lock is taken once the keys have arrived: a step's map update holds
+    it only while the server computes). Steps run asynchronously: a row another worker's step
+    is still reading is protected by `guard` (ps.py: twice the workers); a row given back
+    while a slower step still reads it takes that step's update, the staleness asynchronous
+    training has anyway."""
+
+    def __init__(self, pools, devices, admit: int = 1, ttl: int = 0, guard: int = 0,
+                 name: str = "dynamic_ids"):
+        super().__init__(name=name)
+        self.pools = tuple((int(b), int(r)) for b, r in pools)
+        n = len(devices)
+        if any(r < 2 * n for _, r in self.pools):
+            raise ValueError(f"a dynamic field's pool needs at least {2 * n} rows over {n} "
+                             f"parameter servers (2 a server: one is shared)")
+        self.devices = tuple(devices)
+        self.shards = [DynamicIds(pools=[(b + r * s // n, r * (s + 1) // n - r * s // n)
+                                         for b, r in self.pools],
+                                  admit=admit, ttl=ttl, guard=guard, device=d, name=f"shard{s}")
+                       for s, d in enumerate(self.devices)]
+        self._sections = []
+        for s, d in enumerate(self.devices):
+            with tf.device(d):
+                self._sections.append(tf.CriticalSection(name=f"dynamic_ids_shard{s}"))
+
+    def _routes(self, keys):
+        """(flat keys, their pools, [where the keys of server s are] for each s)."""
+        flat, pool = flat_keys(keys, len(self.pools))
+        owner = tf.math.floormod(flat, len(self.shards))
+        return flat, pool, [tf.where(tf.equal(owner, s))[:, 0] for s in range(len(self.shards))]
+
+    def lookup(self, keys):
+        flat, pool, routes = self._routes(keys)
+        rows = tf.zeros_like(flat)
+        for ids, at in zip(self.shards, routes):
+            rows = tf.tensor_scatter_nd_update(
+                rows, at[:, None], ids.lookup_flat(tf.gather(flat, at), tf.gather(pool, at)))
+        return _shaped(rows, keys, len(self.pools))
+
+    def assign(self, keys, step):
+        flat, pool, routes = self._routes(keys)
+        step = tf.cast(step, tf.int64)
+        rows, claimed = tf.zeros_like(flat), []
+        for ids, section, device, at in zip(self.shards, self._sections, self.devices, routes):
+            mine, mine_pool = tf.gather(flat, at), tf.gather(pool, at)
+            with tf.device(device):
+                got, new = section.execute(
+                    lambda ids=ids, mine=mine, mine_pool=mine_pool: ids.assign_flat(
+                        mine, mine_pool, step), exclusive_resource_access=False)
+            rows = tf.tensor_scatter_nd_update(rows, at[:, None], got)
+            claimed.append(new)
+        return _shaped(rows, keys, len(self.pools)), tf.concat(claimed, 0)
+
+    def live(self, step=None):
+        return tf.add_n([ids.live(step) for ids in self.shards])
+
+
+def dynamic_ids(pools, admit: int = 1, ttl: int = 0):
+    """The map of a model's dynamic fields, made for the strategy in scope: partitioned over
+    the parameter servers under a ParameterServerStrategy (a server each part, its guard
+    twice the workers), one map a process otherwise (the processes of an all-reduce job
+    each their copy, kept the same: train/runtime.py Runtime.assign_keys)."""
+    strategy = tf.distribute.get_strategy()
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        # The cluster as the job's TF_CONFIG gives it (train/ps.py builds the strategy from
+        # it; the strategy does not expose its resolver).
+        cluster = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+        servers = cluster.num_tasks("ps")
+        return ShardedDynamicIds(pools, [f"/job:ps/task:{s}/device:CPU:0" for s in range(servers)],
+                                 admit=admit, ttl=ttl, guard=2 * cluster.num_tasks("worker"))
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        # The replicas of one process share one map (the runtime assigns it once a step, in
+        # a merge_call): its variables are not mirrored but on the host's first CPU.
+        return DynamicIds(pools=pools, admit=admit, ttl=ttl, device="/device:CPU:0")
+    return DynamicIds(pools=pools, admit=admit, ttl=ttl)
+
+
+def flat_keys(keys, pools: int):
+    """(keys [N * pools], the pool of each) of keys [N, pools] (one pool: any shape)."""
+    flat = tf.reshape(tf.cast(keys, tf.int64), [-1])
+    at = tf.range(tf.size(flat, out_type=tf.int64))
+    return flat, (at % pools if pools > 1 else tf.zeros_like(at))
+
+
+def _shaped(rows, keys, pools: int):
+    """Rows [n] as keys [N, pools] are (one pool: any shape), the pools' dimension static
+    where the keys' is not (an all-gather's)."""
+    if pools > 1:
+        return tf.ensure_shape(tf.reshape(rows, [-1, pools]), keys.shape)
+    return tf.ensure_shape(tf.reshape(rows, tf.shape(keys)), keys.shape)
+
+
+def _variable(value, name):
+    return tf.Variable(value, trainable=False, name=name)
+
+
+def _placed_variable(value, name):
+    """A variable where the device scope says, whatever the strategy in scope: a
+    ParameterServerStrategy's creator would place it round-robin, or split it, ignoring the
+    scope (a map's variables must live with its hash tables). TensorFlow's own distributed
+    values make theirs this way (ps_values)."""
+    from tensorflow.python.ops import resource_variable_ops
+    return resource_variable_ops.ResourceVariable(value, trainable=False, name=name)
 
 
 # Every read and update goes through the variable's handle: inside a replica of an all-reduce

@@ -37,6 +37,18 @@ def shards(var) -> list:
     return [var]
 
 
+def rows_by_shard(var, rows) -> list:
+    """[(shard, the `rows` [n] it holds, as its own rows; where they are in `rows`)] of a
+    table (one shard) or a ShardedVariable's row blocks."""
+    out, offset = [], 0
+    for shard in shards(var):
+        n = shard.shape[0]
+        at = tf.where(tf.logical_and(rows >= offset, rows < offset + n))[:, 0]
+        out.append((shard, tf.gather(rows, at) - offset, at))
+        offset += n
+    return out if len(out) > 1 else [(var, rows, None)]
+
+
 class Embedded:
     """A batch's looked-up fields: `block` [B, F, width], each field's row times its value (a
     bag's pooled rows), fields in the data's order (single ids, numeric, bags); `numeric` the
@@ -174,8 +186,9 @@ class EmbeddingTable(tf.Module):
             tf.stack([n, k]), tf.cast(tf.stack([self.cfg.seed, step]), tf.int64))
         if self.first_order:
             fresh = tf.concat([tf.zeros([n, 1]), fresh], 1)
-        tf.raw_ops.ResourceScatterUpdate(resource=self.table.handle, indices=rows,
-                                         updates=fresh)
+        for shard, own, at in rows_by_shard(self.table, rows):
+            tf.raw_ops.ResourceScatterUpdate(resource=shard.handle, indices=own,
+                                             updates=fresh if at is None else tf.gather(fresh, at))
 
     @property
     def variables_to_update(self):
