@@ -112,3 +112,49 @@ def test_an_allreduce_job_starts_from_the_model_channel(days, tmp_path):
     assert out.count("warm start from /opt/ml/input/data/model (ckpt-20") == 1, out  # the chief
     final = checkpoint(tmp_path / "run" / "checkpoints", 3)
     assert final["optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE"] == 23
+
+
+def test_a_grown_vocabulary_keeps_each_values_row(tmp_path):
+    """Day 2 featurized with day 1's vocabulary grown by its new values (`featurize --vocab
+    --grow`): the ids after the first grown column move, and the warm start moves each value's
+    row, with its optimizer state, to the value's new id; new values start as new rows."""
+    from pathlib import Path
+    lines = (Path(__file__).parent / "data" / "criteo_head1000" / "train.txt").read_text() \
+        .splitlines(keepends=True)
+    (tmp_path / "raw1.txt").write_text("".join(lines[:600]))
+    (tmp_path / "raw2.txt").write_text("".join(lines[600:]))
+    ctrtrain_here("data", "featurize", tmp_path / "raw1.txt", "--out", tmp_path / "f1",
+                  "--min-count", 2)
+    ctrtrain_here("data", "featurize", tmp_path / "raw2.txt", "--out", tmp_path / "f2",
+                  "--vocab", tmp_path / "f1" / "vocab.json", "--grow", "--min-count", 2)
+    v1, v2 = (json.loads((tmp_path / f / "vocab.json").read_text()) for f in ("f1", "f2"))
+    assert v2["feature_size"] > v1["feature_size"]
+    for c, values in v1["values"].items():      # every earlier value keeps its place
+        assert v2["values"][c][:len(values)] == values
+    common = ("--table-updates", "lazy", "--no-export", *SMALL)
+    ctrtrain_here("train", "--train", tmp_path / "f1", "--model-dir", tmp_path / "d1",
+                  "--steps", 6, *common)
+    ctrtrain_here("train", "--train", tmp_path / "f2", "--model-dir", tmp_path / "d2",
+                  "--steps", 1, "--warm-start", tmp_path / "d1", *common)
+    r = json.loads((tmp_path / "d2" / "result.json").read_text())
+    assert r["warm_start"]["vocabulary"]["rows_kept"] == v1["feature_size"], r["warm_start"]
+    before, after = checkpoint(tmp_path / "d1", 6), checkpoint(tmp_path / "d2", 1)
+    table = "model/embeddings/table/.ATTRIBUTES/VARIABLE_VALUE"
+    moments = "optimizer/slots/0/moments/.ATTRIBUTES/VARIABLE_VALUE"
+    assert after[table].shape[0] == v2["feature_size"]
+    from ctrtrain.data.featurize import Vocabulary
+    old_id = Vocabulary.load(str(tmp_path / "f2" / "vocab.json")).ids_from(
+        Vocabulary.load(str(tmp_path / "f1" / "vocab.json")))
+    kept = old_id >= 0
+    assert kept.sum() == v1["feature_size"] and not np.array_equal(old_id[kept],
+                                                                     np.flatnonzero(kept))
+    # The one step of day 2 updated a batch's rows (lazy): every other earlier value's row
+    # is its day-1 row, at its new id, with its optimizer state.
+    same = np.all(after[table][kept] == before[table][old_id[kept]], axis=1)
+    assert 100 < same.sum() < kept.sum(), same.sum()
+    np.testing.assert_array_equal(after[moments][kept][same],
+                                  before[moments][old_id[kept][same]])
+    # A new value's row starts as a new row does: no optimizer state but the step's own.
+    fresh = ~kept
+    touched = np.any(after[moments][fresh] != 0, axis=1)
+    assert fresh.sum() > 0 and touched.sum() < fresh.sum()

@@ -170,6 +170,10 @@ def _data_commands(sub):
                    help="default: TAB-separated = criteo, else csv with a header")
     p.add_argument("--vocab", default=None,
                    help="reuse this vocab.json (for test splits and prediction) instead of building one")
+    p.add_argument("--grow", action="store_true",
+                   help="with --vocab: append the values these files hold at least --min-count "
+                        "times that it lacks (a new day's data; a model warm-started from one "
+                        "trained on the earlier vocabulary keeps each value's row)")
     p.add_argument("--min-count", type=POSITIVE, default=10,
                    help="keep categorical values seen at least this often in the training "
                         "files (rarer ones share the field's unknown id)")
@@ -362,7 +366,8 @@ def cmd_featurize(a):
                   roles=ColumnRoles(tuple(a.numeric), tuple(a.multi_hot), tuple(a.drop),
                                     a.separator, tuple(a.sequence), tuple(a.share_vocab)),
                   label_threshold=a.label_threshold, max_len=a.max_len,
-                  numeric_transform=a.numeric_transform, declare=a.declared, buckets=a.buckets)
+                  numeric_transform=a.numeric_transform, declare=a.declared, buckets=a.buckets,
+                  grow=a.grow)
     print(describe(a.out))
     _print_longer(m)
 

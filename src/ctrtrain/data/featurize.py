@@ -293,6 +293,57 @@ class Vocabulary:
         labels = chunk.labels if chunk.labels is not None else np.zeros(n, np.float32)
         return Rows(labels, ids, values)
 
+    def grown(self, paths: list[str], min_count: int, fmt: str | None = None,
+              has_label: bool = True, label_column: str | None = None) -> "Vocabulary":
+        """This vocabulary with the values these files hold at least `min_count` times, and it
+        lacks, appended to their columns' (a day's new ads, users, items): every value it
+        had keeps its place in its column; the ids after the first grown column move, and a
+        model warm-started from one trained on this vocabulary takes each value's row by
+        value (ids_from). The numeric statistics and max_len stay this vocabulary's."""
+        if self.mode != "vocab":
+            raise DataError("--grow adds values to a vocabulary; hashed columns "
+                            "(--hash-buckets) have none to add (train --dynamic-fields gives "
+                            "new values rows of their own)", path=", ".join(paths))
+        more = build_vocabulary(paths, fmt, self.schema, min_count, has_label=has_label,
+                                label_column=label_column, label_threshold=self.label_threshold,
+                                numeric_transform="log", declare=self.declare)
+        values = {c: old + [v for v in more.values.get(c, []) if v not in self._index[c]]
+                  for c, old in self.values.items()}
+        return dataclasses.replace(self, values=values)
+
+    def ids_from(self, older: "Vocabulary") -> np.ndarray:
+        """[feature_size]: each id's id under `older` (the same value of the same column, a
+        column's out-of-vocabulary id, a numeric column's ids, a hashed column's buckets),
+        -1 where `older` has none (a new value). Raises DataError when the two do not
+        describe the same columns."""
+        a, b = self.schema, older.schema
+        if (a.numeric, a.categorical, a.lists, a.shared) != (b.numeric, b.categorical,
+                                                             b.lists, b.shared) \
+                or self.mode != older.mode:
+            raise DataError("the vocabularies describe other columns (or one hashes them): "
+                            f"{self.mode} {list(a.categorical + a.lists)} against "
+                            f"{older.mode} {list(b.categorical + b.lists)}")
+        out = np.full(self.feature_size, -1, np.int64)
+        new_nb, old_nb = self.numeric_bases(), older.numeric_bases()
+        for j in range(len(a.numeric)):
+            width = new_nb[j + 1] - new_nb[j]
+            if width == old_nb[j + 1] - old_nb[j]:
+                out[new_nb[j]:new_nb[j] + width] = np.arange(old_nb[j], old_nb[j] + width)
+        columns = a.categorical + a.lists
+        new_base = dict(zip(columns, self.bases()))
+        old_base = dict(zip(columns, older.bases()))
+        for c in self._owned():
+            nb, ob = new_base[c], old_base[c]
+            if self.mode == "hash":
+                if self.hash_buckets == older.hash_buckets:
+                    out[nb:nb + self.hash_buckets] = np.arange(ob, ob + self.hash_buckets)
+                continue
+            out[nb] = ob        # the out-of-vocabulary id
+            index = older._index[c]
+            old_ids = np.array([index.get(v, -1) for v in self.values[c]], np.int64)
+            out[nb + 1:nb + 1 + len(old_ids)] = np.where(old_ids > 0, ob + old_ids, -1)
+        return out
+
     def to_json(self) -> dict:
         return {"version": 1, "mode": self.mode, "min_count": self.min_count,
                 "hash_buckets": self.hash_buckets, "schema": dataclasses.asdict(self.schema),
@@ -527,22 +578,28 @@ def featurize(inputs, out_dir, *, fmt: str | None = None, vocab_path: str | None
               roles: ColumnRoles = ColumnRoles(), label_threshold: float | None = None,
               max_len: int | None = None,
               numeric_transform: str | None = DEFAULT_NUMERIC_TRANSFORM,
-              declare: bool = False, buckets: int = 0):
+              declare: bool = False, buckets: int = 0, grow: bool = False):
     """Raw files -> a libsvm data directory (one file per input; TFRecord with declared fields
     when there are multi-valued columns) with the vocabulary beside it. Without `vocab_path`
-    the vocabulary is built from these inputs (the training split)."""
+    the vocabulary is built from these inputs (the training split); with it and `grow`,
+    `vocab_path`'s grown by these inputs' new values (Vocabulary.grown)."""
 
     from .files import finish_output_dir, list_inputs, prepare_output_dir, staged
     from .libsvm import format_libsvm
     from .manifest import FileEntry, Manifest, sha256_file
 
     files = list_inputs(inputs)
+    if grow and not vocab_path:
+        raise DataError("--grow adds to an earlier vocabulary: give it with --vocab",
+                        path=", ".join(files))
     vocab = Vocabulary.load(vocab_path) if vocab_path else \
         build_vocabulary(files, fmt, min_count=min_count, hash_buckets=hash_buckets,
                          has_label=has_label, label_column=label_column, roles=roles,
                          label_threshold=label_threshold, max_len=max_len,
                          numeric_transform=numeric_transform or DEFAULT_NUMERIC_TRANSFORM,
                          declare=declare, buckets=buckets)
+    if grow:
+        vocab = vocab.grown(files, min_count, fmt, has_label, label_column)
     if vocab.declared:     # before anything is written: each column names a field
         from .schema import field_name_ok
         s = vocab.schema

@@ -334,7 +334,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
     from pathlib import Path
 
     from .export import export_saved_model
-    from .model_dir import PREDICTIONS, RESULT, warm_start_record
+    from .model_dir import PREDICTIONS, RESULT, data_vocabulary, warm_start_record
     md = Path(model_dir)
     clock = Phases(outcome)
     trainer.save_final(outcome.step)
@@ -359,10 +359,7 @@ def finish(cfg, trainer, log, outcome: Outcome, *, manifest, feature_size: int, 
         result["predictions"] = write_predictions(
             md / PREDICTIONS if cfg.predictions == "auto" else Path(cfg.predictions), probs, labels)
     if cfg.export:
-        # A source of several directories names its vocabulary by absolute path.
-        vocab = None if not manifest.vocabulary else manifest.vocabulary \
-            if Path(manifest.vocabulary).is_absolute() else \
-            str(Path(cfg.train_dir) / manifest.vocabulary)
+        vocab = data_vocabulary(cfg.train_dir, manifest)
         from .config import run_schema
         schema = run_schema(cfg, manifest)
         dynamic = [f.name for f in schema.fields if f.dynamic] if schema else []

@@ -21,19 +21,31 @@ PREDICTIONS = "predictions.csv"
 CONFIG_YAML = "config.yaml"
 BEST = "best"           # the best evaluated model's variables and best.json, its record
 WARM_START = "warm_start.json"   # the earlier run a warm-started one began from (warm_start)
+VOCAB = "vocab.json"    # the training data's featurization vocabulary, kept with the model: a
+                        # later run warm-started from it maps rows by value (remap.py)
 
 RUN_FILES = ("checkpoints", LOGS, "export", BEST, METRICS, RESULT, CONFIG, CONFIG_YAML,
-             PREDICTIONS, WARM_START)
+             PREDICTIONS, WARM_START, VOCAB)
+
+
+def data_vocabulary(train_dir, manifest) -> str | None:
+    """The path of the training data's featurization vocabulary, None without one (a source
+    of several directories names its vocabulary by absolute path)."""
+    if not manifest.vocabulary:
+        return None
+    v = Path(manifest.vocabulary)
+    return str(v if v.is_absolute() else Path(train_dir) / v)
 
 
 def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
                        write: bool = True, train_data: str | None = None,
-                       fields: list | None = None) -> Path:
+                       fields: list | None = None, vocabulary: str | None = None) -> Path:
     """Checks that the directory can be written and that a run already in it can be resumed:
     the same shapes, and the same data position settings (batch size, seed, shuffle, mode,
     training data), without which a resumed run would skip to the wrong batches. --fresh
     removes the earlier run's files first (only those: the directory may hold others).
-    Non-chief processes only read it (they restore the chief's checkpoints)."""
+    Non-chief processes only read it (they restore the chief's checkpoints). `vocabulary`:
+    the training data's (data_vocabulary), kept in the directory as VOCAB."""
     md = Path(cfg.model_dir)
     if not write:
         return md
@@ -90,7 +102,7 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
                     f"{_brief(record[k])}: resuming would continue at the wrong {what}. Use the "
                     "same setting, another --model-dir, or --fresh to start over")
     if cfg.warm_start and not has_checkpoint(md):
-        _check_warm_start(cfg.warm_start, record)
+        _check_warm_start(cfg.warm_start, record, vocabulary)
     elif cfg.warm_start:
         # Resuming: only the run that started from this same model.
         warm = warm_start_record(md) or {}
@@ -100,6 +112,8 @@ def prepare_model_dir(cfg: TrainConfig, feature_size: int, field_size: int,
                               f"{cfg.warm_start} would be ignored. --fresh starts this run "
                               "over from it; or give another --model-dir")
     prev.write_text(json.dumps(record, indent=2) + "\n")
+    if vocabulary and Path(vocabulary).is_file():
+        shutil.copyfile(vocabulary, md / VOCAB)
     from .config import resolved_yaml
     (md / CONFIG_YAML).write_text(resolved_yaml(cfg))   # `ctrtrain train --config` re-runs it
     return md
@@ -125,28 +139,69 @@ def _warm_start_dir(source: str) -> Path:
         else src
 
 
-def _check_warm_start(source: str, record: dict) -> None:
-    """The earlier run's model has this run's variables: the same model settings, fields and
-    table size (its train_config.json against this run's record)."""
+def _check_warm_start(source: str, record: dict, vocabulary: str | None) -> None:
+    """The earlier run's model has this run's variables: the same model settings and fields
+    (its train_config.json against this run's record), and the same table size -- or
+    vocabularies on both sides, by which the rows are moved (remap.py)."""
     src, _ = warm_start_checkpoint(source)
+    old = _earlier_record(source, src)
+    if old.get("fields") != record["fields"]:
+        raise ConfigError(f"warm_start {source}: its training data declared other fields "
+                          f"({_brief(old.get('fields'))}, now {_brief(record['fields'])}): "
+                          "a warm start needs the same declaration")
+    remap = _vocabularies(src, old, vocabulary)
+    for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size"):
+        if k == "feature_size" and remap:
+            continue
+        if k in old and old[k] != record[k]:
+            hint = (": featurize the new data with the earlier run's vocabulary (--vocab, "
+                    "--grow to add its new values) or hash buckets") if k == "feature_size" \
+                else ""
+            raise ConfigError(f"warm_start {source}: its model has {k}={_brief(old[k])}, this "
+                              f"run {_brief(record[k])}: a warm start needs the same variables"
+                              + hint)
+    if remap and _differ(*remap):
+        for mode in (old.get("mode"), record["mode"]):
+            if mode == "parameter_server":
+                raise ConfigError(f"warm_start {source}: the vocabulary changed, and a warm "
+                                  "start that moves table rows is not supported in mode "
+                                  "parameter_server yet: featurize with the earlier "
+                                  "vocabulary (--vocab without --grow), or warm-start in "
+                                  "another mode")
+        if record.get("dynamic_fields"):
+            raise ConfigError(f"warm_start {source}: the vocabulary changed, and a model with "
+                              "dynamic_fields keeps its rows only on the same one")
+
+
+def _earlier_record(source: str, src: Path) -> dict:
     try:
         old = json.loads((src / CONFIG).read_text())
         assert isinstance(old, dict)
     except (OSError, ValueError, AssertionError):
         raise ConfigError(f"warm_start {source}: its {CONFIG} is missing or damaged, so its "
                           "model cannot be checked against this run's") from None
-    if old.get("fields") != record["fields"]:
-        raise ConfigError(f"warm_start {source}: its training data declared other fields "
-                          f"({_brief(old.get('fields'))}, now {_brief(record['fields'])}): "
-                          "a warm start needs the same declaration")
-    for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size"):
-        if k in old and old[k] != record[k]:
-            hint = (": give this run --feature-size " + str(old[k]) + " if its ids fit, and "
-                    "featurize new data with the earlier run's --vocab (or hash buckets) so "
-                    "that they do") if k == "feature_size" else ""
-            raise ConfigError(f"warm_start {source}: its model has {k}={_brief(old[k])}, this "
-                              f"run {_brief(record[k])}: a warm start needs the same variables"
-                              + hint)
+    return old
+
+
+def _vocabularies(src: Path, old: dict, vocabulary: str | None):
+    """(the earlier run's vocabulary, this run's) when both are known, else None: the
+    earlier one kept in its model directory (VOCAB), or, for a run from before that, the
+    one its training data's manifest names."""
+    if not vocabulary or not Path(vocabulary).is_file():
+        return None
+    earlier = src / VOCAB
+    if not earlier.is_file() and old.get("train_dir") and isinstance(old["train_dir"], str):
+        try:
+            from ..data.manifest import read_manifest
+            earlier = Path(data_vocabulary(old["train_dir"], read_manifest(
+                old["train_dir"], check=False)) or src / VOCAB)
+        except Exception:       # moved or gone: no vocabulary to map by
+            return None
+    return (str(earlier), vocabulary) if earlier.is_file() else None
+
+
+def _differ(a: str, b: str) -> bool:
+    return Path(a).read_bytes() != Path(b).read_bytes()
 
 
 def warm_start_record(md: Path) -> dict | None:
@@ -158,14 +213,29 @@ def warm_start_record(md: Path) -> dict | None:
         return None
 
 
-def _warm_start(source: str, md: Path, ckpt, opt, write: bool) -> None:
+def _warm_start(source: str, md: Path, ckpt, opt, write: bool, vocabulary: str | None,
+                feature_size: int) -> None:
     """Restores the earlier run's newest checkpoint (model and optimizer) as this run's start
     and records it. The optimizer's step count goes on from there -- Adam's bias correction and
     the tables' catch-up read it -- while this run counts its own steps from 0 (checkpoint
-    numbers, schedule, evaluation); its learning-rate scale starts again at 1."""
+    numbers, schedule, evaluation); its learning-rate scale starts again at 1. When the
+    training data's vocabulary is not the earlier run's (grown: `featurize --grow`), each
+    value keeps its row where its id is now (remap.py)."""
     src, prefix = warm_start_checkpoint(source)
+    old = _earlier_record(source, src)
+    remap = _vocabularies(src, old, vocabulary)
+    moved = None
     try:
-        ckpt.restore(prefix).assert_existing_objects_matched()
+        if remap and _differ(*remap):
+            from ..data.featurize import Vocabulary
+            from .remap import restore_remapped
+            earlier, now = (Vocabulary.load(p) for p in remap)
+            moved = restore_remapped(ckpt, prefix, now.ids_from(earlier),
+                                     int(old["feature_size"]), feature_size)
+        else:
+            ckpt.restore(prefix).assert_existing_objects_matched()
+    except ConfigError as e:
+        raise ConfigError(f"warm_start {source}: {e}") from None
     except Exception as e:
         raise ConfigError(f"warm_start {source}: {Path(prefix).name} does not restore into "
                           f"this model ({first_line(e)[:160]})") from None
@@ -173,6 +243,9 @@ def _warm_start(source: str, md: Path, ckpt, opt, write: bool) -> None:
         opt.lr_scale.assign(1.0)
     record = {"from": str(src), "checkpoint": Path(prefix).name,
               "step": int(opt.iterations.numpy())}
+    if moved is not None:
+        record["vocabulary"] = {"earlier": remap[0], "rows_kept": moved,
+                                "feature_size": [int(old["feature_size"]), feature_size]}
     if write:
         (md / WARM_START).write_text(json.dumps(record, indent=2) + "\n")
 
@@ -255,12 +328,15 @@ def announce_resume(log, md: Path, start_step: int, total_steps) -> None:
               "--fresh starts over", flush=True)
 
 
-def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt, write: bool = True):
+def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt, write: bool = True,
+                       vocabulary: str | None = None, feature_size: int = 0):
     """(CheckpointManager over md/checkpoints, step to start from): the newest checkpoint that
     restores, else step 0 when there is none. A damaged state file (`checkpoint`) is set aside
     and the checkpoints are found by name; a damaged newest checkpoint falls back to the one
     before it, loudly. Checkpoints that exist but none of which restores are an error, never
-    a silent restart from step 0."""
+    a silent restart from step 0. Without checkpoints, a warm start (cfg.warm_start) starts
+    from the earlier run's: `vocabulary` and `feature_size` are this run's data's, by which
+    a changed vocabulary's rows are moved."""
     import tensorflow as tf
     ckpt_dir = md / "checkpoints"
     state = ckpt_dir / "checkpoint"
@@ -307,7 +383,7 @@ def restore_checkpoint(cfg: TrainConfig, md: Path, model, opt, write: bool = Tru
         raise DataError("no checkpoint restores (" + "; ".join(failures) + "); move the "
                         "directory aside or train with --fresh", path=str(ckpt_dir))
     if cfg.warm_start:
-        _warm_start(cfg.warm_start, md, ckpt, opt, write=write)
+        _warm_start(cfg.warm_start, md, ckpt, opt, write, vocabulary, feature_size)
     return manager, 0
 
 

@@ -42,7 +42,7 @@ from .controller import ChiefActions, Controller, StepStats, announce_model_choi
 from .inputs import (check_data, planned_steps, positive_rate, schedule_of, train_read_error,
                      training_dataset)
 from .metrics_log import MetricsLog, run_settings
-from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
+from .model_dir import (announce_resume, data_fingerprint, data_vocabulary, prepare_model_dir,
                         restore_checkpoint, write_checkpoint)
 
 MIN_SHARD_BYTES = 64 << 10    # below this a variable stays whole on one server
@@ -130,8 +130,9 @@ def train_parameter_server(cfg, threads) -> dict:
     m, feature_size = check_data(cfg)
     total_steps = planned_steps(cfg, m.records, cfg.batch_size, f"batch_size {cfg.batch_size}")
     schedule = schedule_of(cfg, total_steps, m.records, cfg.batch_size)
+    vocabulary = data_vocabulary(cfg.train_dir, m)
     md = prepare_model_dir(cfg, feature_size, m.field_size,
-                           train_data=data_fingerprint(m), fields=m.fields)
+                           train_data=data_fingerprint(m), fields=m.fields, vocabulary=vocabulary)
     with strategy.scope():
         model, opt, replica_step, variables = build_training(
             model_config(cfg, feature_size, m.field_size, positive_rate(m), run_schema(cfg, m)), cfg.optimizer,
@@ -142,7 +143,8 @@ def train_parameter_server(cfg, threads) -> dict:
     print("parameter-server load (bytes of variables and optimizer slots): "
           + ", ".join(f"{k} {v:,}" for k, v in load.items() if "/job:ps" in k), flush=True)
 
-    manager, start_step = restore_checkpoint(cfg, md, model, opt)
+    manager, start_step = restore_checkpoint(cfg, md, model, opt, vocabulary=vocabulary,
+                                             feature_size=feature_size)
     log = MetricsLog(md, not cfg.quiet, settings=run_settings(cfg), schedule=schedule,
                      tracking=tracking.plan(cfg))
     announce_resume(log, md, start_step, total_steps)

@@ -22,7 +22,7 @@ from .controller import ChiefActions, Controller, StepStats, announce_model_choi
 from .inputs import (check_data, local_records, planned_steps, positive_rate, schedule_of,
                      train_read_error, training_dataset)
 from .metrics_log import MetricsLog, run_settings
-from .model_dir import (announce_resume, data_fingerprint, prepare_model_dir,
+from .model_dir import (announce_resume, data_fingerprint, data_vocabulary, prepare_model_dir,
                         restore_checkpoint, write_checkpoint)
 
 
@@ -142,8 +142,9 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
         raise ConfigError(f"the ranks of mode {cfg.mode} would evaluate at different steps "
                           f"(this one every {schedule.eval_every or 'never'}): give every host "
                           "the validation channel, or the same eval_every")
+    vocabulary = data_vocabulary(cfg.train_dir, m)
     md = prepare_model_dir(cfg, feature_size, m.field_size, write=rt.is_chief,
-                           train_data=data_fingerprint(m), fields=m.fields)
+                           train_data=data_fingerprint(m), fields=m.fields, vocabulary=vocabulary)
     tf.random.set_seed(cfg.seed)
     lr = cfg.learning_rate * (rt.replicas if cfg.scale_lr else 1)
     with rt.scope():
@@ -151,7 +152,8 @@ def train_sync(cfg: TrainConfig, threads, rt) -> dict:
             model_config(cfg, feature_size, m.field_size, positive_rate(m), run_schema(cfg, m)), cfg.optimizer, lr, rt,
             compile_step=False, optimizer_params=optimizer_params(cfg))
     train_steps = stacked_steps_function(replica_step, rt)
-    manager, start_step = restore_checkpoint(cfg, md, model, opt, write=rt.is_chief)
+    manager, start_step = restore_checkpoint(cfg, md, model, opt, write=rt.is_chief,
+                                             vocabulary=vocabulary, feature_size=feature_size)
     heartbeat.beat(force=True)
     log = MetricsLog(md, not cfg.quiet, enabled=rt.is_chief, settings=run_settings(cfg),
                      schedule=schedule, tracking=tracking.plan(cfg))
