@@ -464,10 +464,6 @@ def check_config(cfg: TrainConfig):
     for name in ("train_dir", "valid_dir", "test_dir"):
         if isinstance(getattr(cfg, name), (list, tuple)):   # one path in a list: that path
             setattr(cfg, name, _source(getattr(cfg, name)))
-    if cfg.dynamic_fields and cfg.mode not in (Mode.SINGLE, Mode.MIRRORED, Mode.ALLREDUCE,
-                                                Mode.PARAMETER_SERVER):
-        raise ConfigError(f"dynamic_fields: mode {cfg.mode} is not supported yet (modes "
-                          "single, mirrored, allreduce and parameter_server are)")
     if cfg.fields and cfg.input_mode != "Pipe":
         raise ConfigError("fields is for a Pipe channel: File data declares its fields in its "
                           "manifest")
