@@ -141,13 +141,12 @@ def distinct_values(day, shard=None) -> int:
     import tensorflow as tf
     files = sorted(str(f) for f in day.glob("*.tfrecord"))
     spec = {f"C{j}": tf.io.FixedLenFeature([1], tf.string) for j in range(1, 9)}
-    seen = set()
-    for i, rec in enumerate(tf.data.TFRecordDataset(files)):
-        if shard and i % shard[1] != shard[0]:
-            continue
-        ex = tf.io.parse_single_example(rec, spec)
-        seen.update((name, v.numpy()[0]) for name, v in ex.items())
-    return len(seen)
+    # One parse of every record (record by record in eager mode cost 20 CPU-s a day).
+    batch = next(iter(tf.data.TFRecordDataset(files).batch(1 << 20).map(
+        lambda r: tf.io.parse_example(r, spec))))
+    n = len(batch["C1"])
+    keep = np.arange(n) % shard[1] == shard[0] if shard else np.ones(n, bool)
+    return sum(len(set(v.numpy()[keep, 0].tolist())) for v in batch.values())
 
 
 @pytest.mark.slow

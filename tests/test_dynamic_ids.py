@@ -88,8 +88,9 @@ def test_two_maps_fed_the_same_batches_agree_inside_a_function():
     rng = np.random.default_rng(0)
     for step in range(1, 30):
         keys = tf.constant(rng.integers(-(2 ** 40), 2 ** 40, 20) // 1000 * 1000, tf.int64)
-        ra, ca = step_a(keys, step)
-        rb, cb = step_b(keys, step)
+        at = tf.constant(step, tf.int64)     # a tensor: one trace for every step
+        ra, ca = step_a(keys, at)
+        rb, cb = step_b(keys, at)
         np.testing.assert_array_equal(ra.numpy(), rb.numpy())
         np.testing.assert_array_equal(ca.numpy(), cb.numpy())
     # A sweep gives back an eighth of the pool at once (4 rows here), some of them queued
