@@ -28,6 +28,11 @@ slot map is checkpointed with the model (tf.train.Checkpoint tracks it). Per slo
 variables: the key holding it, its count (times seen while it held the slot) and the step it
 was last seen (-1: free; -2: a pool's shared row). Every choice is deterministic (ties go to
 the lower slot), so processes that assign the same batches in the same order agree.
+
+Where the map lives follows the strategy (dynamic_ids): one map a process (the replicas of a
+mirrored process share it; the processes of an all-reduce job each keep their copy the same,
+train/runtime.py assign_keys), or, under parameter servers, one part a server holding the
+keys k with k mod S = its index (ShardedDynamicIds).
 """
 
 from __future__ import annotations
