@@ -177,13 +177,17 @@ class EmbeddingTable(tf.Module):
 
     def renew(self, rows, step):
         """Rows given to new ids (a dynamic field's pool) set to a new row's values: the
-        first-order weight 0, the embedding drawn as at the start (seeded by the run's seed
-        and the step: every replica draws the same)."""
+        first-order weight 0, the embedding drawn as at the start, seeded by the run's seed,
+        the step and the rows: the replicas of a synchronous step, which claim the same rows,
+        draw the same; two asynchronous workers at one step (parameter servers), which claim
+        others, draw differently."""
         k = self.width - int(self.first_order)
         std = EMBEDDING_INIT if self.cfg.embedding_init is None else self.cfg.embedding_init
         n = tf.shape(rows)[0]
+        which = tf.math.floormod(tf.reduce_sum(tf.cast(rows, tf.int64)), 1 << 31)
         fresh = std * tf.random.stateless_normal(
-            tf.stack([n, k]), tf.cast(tf.stack([self.cfg.seed, step]), tf.int64))
+            tf.stack([n, k]), tf.stack([tf.cast(self.cfg.seed, tf.int64),
+                                        tf.cast(step, tf.int64) * (1 << 31) + which]))
         if self.first_order:
             fresh = tf.concat([tf.zeros([n, 1]), fresh], 1)
         for shard, own, at in rows_by_shard(self.table, rows):
