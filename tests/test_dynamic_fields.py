@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import cli, ctrtrain_here
+from conftest import cli, ctrtrain_here, run_cli
 
 BUCKETS = 48      # per field: fewer than the large fields' live ids, so rows are given back
 SMALL = ("--batch-size", 256, "--embedding-size", 4, "--deep-layers", "32,16")
@@ -41,11 +41,12 @@ def held_keys(ck) -> dict:
 
 def test_a_dynamic_table_trains_within_its_buckets_and_serves_raw_values(stream, tmp_path):
     """In mode mirrored (two replicas of one process, one map assigned once a step for both;
-    the resume test below trains one replica)."""
+    the resume test below trains one replica): a process of its own, whose CPU TensorFlow
+    splits into two devices before it starts."""
     day0, day1 = stream
     md = tmp_path / "d0"
-    ctrtrain_here("train", "--train", day0, "--test", day1, "--model-dir", md, "--epochs", 2,
-                  "--mode", "mirrored", "--devices", 2, *DYNAMIC)
+    run_cli("train", "--train", day0, "--test", day1, "--model-dir", md, "--epochs", 2,
+            "--mode", "mirrored", "--devices", 2, *DYNAMIC)
     r = json.loads((md / "result.json").read_text())
     assert r["replicas"] == 2 and r["test"]["auc"] > 0.62, r
     ck = checkpoint(md, r["step"])
@@ -67,11 +68,6 @@ def test_a_dynamic_table_trains_within_its_buckets_and_serves_raw_values(stream,
     assert f"AUC {r['test']['auc']:.4f}" in out, (out, r["test"])
     info = json.loads(next((md / "export").glob("*/assets.extra/ctrtrain.json")).read_text())
     assert info["dynamic_fields"] == [f"C{j}" for j in range(1, 9)]
-    # The run's config.yaml names the fields (not `all`) and re-runs as it is.
-    written = (md / "config.yaml").read_text()
-    assert "dynamic_fields:\n  - C1\n" in written, written
-    ctrtrain_here("train", "--config", md / "config.yaml", "--model-dir", tmp_path / "again",
-                  "--steps", 2, "--no-export")
 
 
 def test_a_dynamic_model_serves_raw_rows(tmp_path):
@@ -103,6 +99,11 @@ def test_a_dynamic_run_resumes_exactly_and_warm_starts_the_next_day(stream, tmp_
     ctrtrain_here("train", "--model-dir", tmp_path / "whole", "--steps", 9, *common)
     ctrtrain_here("train", "--model-dir", tmp_path / "cut", "--steps", 3, *common)
     ctrtrain_here("train", "--model-dir", tmp_path / "cut", "--steps", 9, *common)
+    # The run's config.yaml names the fields (not `all`) and re-runs as it is.
+    written = (tmp_path / "whole" / "config.yaml").read_text()
+    assert "dynamic_fields:\n  - C1\n" in written, written
+    ctrtrain_here("train", "--config", tmp_path / "whole" / "config.yaml", "--model-dir",
+                  tmp_path / "again", "--steps", 2, "--no-export")
     whole, cut = checkpoint(tmp_path / "whole", 9), checkpoint(tmp_path / "cut", 9)
     assert held_keys(whole) == held_keys(cut) and len(held_keys(whole)) > 100
     for k in whole:
