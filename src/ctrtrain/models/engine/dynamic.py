@@ -296,14 +296,28 @@ class ShardedDynamicIds(tf.Module):
             mine, mine_pool = tf.gather(flat, at), tf.gather(pool, at)
             with tf.device(device):
                 got, new = section.execute(
-                    lambda ids=ids, mine=mine, mine_pool=mine_pool: ids.assign_flat(
-                        mine, mine_pool, step), exclusive_resource_access=False)
+                    lambda ids=ids, mine=mine, mine_pool=mine_pool: _with_effects(
+                        lambda: ids.assign_flat(mine, mine_pool, step)),
+                    exclusive_resource_access=False)
             rows = tf.tensor_scatter_nd_update(rows, at[:, None], got)
             claimed.append(new)
         return _shaped(rows, keys, len(self.pools)), tf.concat(claimed, 0)
 
     def live(self, step=None):
         return tf.add_n([ids.live(step) for ids in self.shards])
+
+
+def _with_effects(fn):
+    """fn()'s outputs, once every stateful op it made has run. A CriticalSection releases its
+    lock when the outputs are computed: an update the outputs do not depend on (an insert,
+    a scatter of `seen`) could otherwise land after another worker's step took the lock --
+    in a job of two workers, two slots were seen held whose keys the map did not hold."""
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    out = fn()
+    effects = [op for op in graph.get_operations()[before:] if op.op_def.is_stateful]
+    with tf.control_dependencies(effects):
+        return tf.nest.map_structure(tf.identity, out)
 
 
 def dynamic_ids(pools, admit: int = 1, ttl: int = 0):
