@@ -150,6 +150,8 @@ def _check_warm_start(source: str, record: dict, vocabulary: str | None) -> None
                           f"({_brief(old.get('fields'))}, now {_brief(record['fields'])}): "
                           "a warm start needs the same declaration")
     remap = _vocabularies(src, old, vocabulary)
+    if remap and not _differ(*remap):
+        remap = None        # the same vocabulary: the same ids, the table restored as it is
     for k in TrainConfig.SHAPE_FIELDS + ("feature_size", "field_size"):
         if k == "feature_size" and remap:
             continue
@@ -160,7 +162,7 @@ def _check_warm_start(source: str, record: dict, vocabulary: str | None) -> None
             raise ConfigError(f"warm_start {source}: its model has {k}={_brief(old[k])}, this "
                               f"run {_brief(record[k])}: a warm start needs the same variables"
                               + hint)
-    if remap and _differ(*remap):
+    if remap:
         for mode in (old.get("mode"), record["mode"]):
             if mode == "parameter_server":
                 raise ConfigError(f"warm_start {source}: the vocabulary changed, and a warm "
