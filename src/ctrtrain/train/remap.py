@@ -55,13 +55,14 @@ def restore_remapped(ckpt, prefix: str, ids: np.ndarray, old_features: int,
         old = tf.train.load_checkpoint(prefix)
         old_shapes = old.get_variable_to_shape_map()
         step = old.get_tensor(ITERATIONS) if ITERATIONS in old_shapes else 0
-        names, tensors, kept = [], [], 0
+        names, tensors, kept, rows = [], [], 0, None
         for name in fresh.get_variable_to_shape_map():
             value = old.get_tensor(name) if name in old_shapes else fresh.get_tensor(name)
             if name.startswith(TABLE_KEYS) and name in old_shapes:
                 start = fresh.get_tensor(name)
-                rows = table_row_map(ids, old_features, value.shape[0], new_features,
-                                     start.shape[0])
+                if rows is None:    # the table's and its slots' rows move alike
+                    rows = table_row_map(ids, old_features, value.shape[0], new_features,
+                                         start.shape[0])
                 has = rows >= 0
                 if "/last_step/" in name:    # a new row is current as of the step
                     start[~has] = step
