@@ -301,18 +301,19 @@ def test_declared_fields_in_synchronous_modes_match_one_process(declared, declar
     entry: the same steps and within 0.005 AUC of one process with
     the same global batch, with the table's gradients all-gathered or (sparse_reduce dense)
     all-reduced; each rank reads its own files. Horovod's ranks run TF 2.15 (.venv-hvd). The
-    all-reduce (tables all-gathered, the default), mirrored and Horovod jobs also train every
-    other model in turn in the same processes, in the 2.21 pass (and in Horovod's ranks): with
-    the parameter-server job of test_models.py, every model in every way of combining
-    gradients. The tf.data-service job does not: it is the all-reduce trainer with its input
-    read from the service, and that input is the same for every model."""
+    all-reduce (tables all-gathered, the default) and mirrored jobs also train every other
+    model in turn in the same processes, in the 2.21 pass: with the parameter-server job of
+    test_models.py, every model in each way variables are placed and gradients combined.
+    Horovod combines a model's gradients as the all-reduce trainer does (with Horovod's ops
+    for TensorFlow's collectives, whatever the model), so its job trains DeepFM; every model on
+    TF 2.15 is test_models.py's 2.15-pass test. The tf.data-service job trains DeepFM only: it
+    is the all-reduce trainer with its input read from the service, the same for every model."""
     import tensorflow as tf
     from test_distributed import hvd_python, launch
     from test_models import assert_family_trained, family
     python = hvd_python() if example == "horovod" else sys.executable
-    with_family = example == "horovod" or (
-        example in ("deepfm-mirrored", "deepfm-allreduce") and "sparse_reduce" not in hp
-        and not tf.__version__.startswith("2.15"))
+    with_family = example in ("deepfm-mirrored", "deepfm-allreduce") and \
+        "sparse_reduce" not in hp and not tf.__version__.startswith("2.15")
     runs = {"deepfm": {"epochs": 1, "embedding_size": 16, **hp},    # as declared_single's
             **(family(**hp) if with_family else {})}
     done, job, out = launch(tmp_path, example, declared, python=python, runs=runs)
