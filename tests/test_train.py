@@ -379,15 +379,25 @@ def test_several_steps_a_call_train_the_same_model_as_one(synth, tmp_path):
 def test_processes_start_tensorflow_without_keras_and_keras_loads_on_use():
     """ctrtrain.tf_start: TensorFlow's eager import of Keras (a third of its start, unused by
     ctrtrain) is skipped in a process that imported ctrtrain first; `tf.keras` and `import
-    keras` still load it when used, and CTRTRAIN_TF_KERAS=1 turns the hook off."""
-    probe = ("import sys, ctrtrain, tensorflow as tf\n"
+    keras` still load it when used, and CTRTRAIN_TF_KERAS=1 turns the hook off. A run's
+    TensorBoard hparams summary leaves boto3 (imported by TensorBoard's s3 stub) unloaded
+    until something reads it."""
+    probe = ("import sys, pathlib, tempfile, ctrtrain, tensorflow as tf\n"
+             "from ctrtrain.train.metrics_log import MetricsLog\n"
              "before = 'keras' in sys.modules\n"
+             "d = pathlib.Path(tempfile.mkdtemp())\n"
+             "log = MetricsLog(d, console=False, settings={'model': 'fm'})\n"
+             "log.tensorboard.hparams({'rows': 10})\n"
+             "boto3 = sys.modules['boto3']   # (an import statement would load it)\n"
+             "unloaded = 'boto3.session' not in sys.modules\n"
+             "boto3.client\n"
              "layer = tf.keras.layers.Dense(2)\n"
              "import keras\n"
-             "print(before, type(layer).__name__, 'keras' in sys.modules)\n")
+             "print(before, unloaded, 'boto3.session' in sys.modules, any(d.rglob('*.v2')),\n"
+             "      type(layer).__name__, 'keras' in sys.modules)\n")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["False", "Dense", "True"], r.stdout
+    assert r.stdout.split() == ["False", "True", "True", "True", "Dense", "True"], r.stdout
     hooked = ("import sys, ctrtrain.tf_start as s\n"
               "print(any(isinstance(f, s._KerasAfterTensorFlow) for f in sys.meta_path))\n")
     for off, want in (("0", "True"), ("1", "False")):

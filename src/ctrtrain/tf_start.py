@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import re
 import sys
@@ -177,3 +178,32 @@ def install() -> None:
     if os.environ.get(OFF) != "1" and \
             not any(isinstance(f, _KerasAfterTensorFlow) for f in sys.meta_path):
         sys.meta_path.insert(0, _KerasAfterTensorFlow())
+
+
+class _OnFirstUse(importlib.abc.MetaPathFinder):
+    def __init__(self, names):
+        self.names = set(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
+
+
+@contextlib.contextmanager
+def loaded_on_first_use(*names: str):
+    """Within: `import NAME` of a top-level module not imported yet gives a module that loads
+    when one of its attributes is first read (importlib.util.LazyLoader). TensorBoard's
+    summary helpers import its file-system stub, which imports boto3 for s3:// paths (0.35
+    CPU-s, on every run's hparams summary) that ctrtrain's writers (TensorFlow's own) never
+    use; it still loads, whole, if anything reads it."""
+    finder = _OnFirstUse(n for n in names if n not in sys.modules)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
