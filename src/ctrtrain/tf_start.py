@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
-import importlib.util
 import os
 import re
 import sys
@@ -180,30 +179,28 @@ def install() -> None:
         sys.meta_path.insert(0, _KerasAfterTensorFlow())
 
 
-class _OnFirstUse(importlib.abc.MetaPathFinder):
+class _Refused(importlib.abc.MetaPathFinder):
     def __init__(self, names):
         self.names = set(names)
 
     def find_spec(self, name, path=None, target=None):
-        if name not in self.names:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = importlib.util.LazyLoader(spec.loader)
-        return spec
+        if name in self.names:
+            raise ImportError(f"{name} is not imported here (ctrtrain.tf_start.unimported)",
+                              name=name)
+        return None
 
 
 @contextlib.contextmanager
-def loaded_on_first_use(*names: str):
-    """Within: `import NAME` of a top-level module not imported yet gives a module that loads
-    when one of its attributes is first read (importlib.util.LazyLoader). TensorBoard's
-    summary helpers import its file-system stub, which imports boto3 for s3:// paths (0.35
-    CPU-s, on every run's hparams summary) that ctrtrain's writers (TensorFlow's own) never
-    use; it still loads, whole, if anything reads it."""
-    finder = _OnFirstUse(n for n in names if n not in sys.modules)
+def unimported(*names: str):
+    """Within: `import NAME` of a top-level module not imported yet raises ImportError, as if
+    it were not installed. TensorBoard's summary helpers import its file-system stub (its
+    reader's, for when TensorFlow is absent), which tries boto3 for s3:// paths: 0.35 CPU-s
+    of every training process's start, for paths ctrtrain's summaries never take (they are
+    written by TensorFlow, whose own file systems read s3://). The stub then has no s3 in
+    this process; TensorBoard itself, run as its own process, is not touched."""
+    finder = _Refused(n for n in names if n not in sys.modules)
     sys.meta_path.insert(0, finder)
     try:
         yield
     finally:
         sys.meta_path.remove(finder)
-

@@ -148,8 +148,8 @@ class TensorBoardRuns:
         # hp.hparams of `from tensorboard.plugins.hparams import api as hp`, whose import
         # loads Keras (2 s; ctrtrain starts TensorFlow without it: tf_start.py), and boto3
         # for TensorBoard's s3 stub, which these summaries never touch.
-        from ..tf_start import loaded_on_first_use
-        with loaded_on_first_use("boto3"):
+        from ..tf_start import unimported
+        with unimported("boto3"):
             from tensorboard.plugins.hparams import summary_v2 as hp
         found = {k: v for k, v in start.items() if k != "resumed" and _hparam_value(v) is not None}
         values = {**found, **{k: _hparam_value(v) for k, v in self.settings.items()
