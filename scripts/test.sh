@@ -57,11 +57,13 @@ report() {
 trap report EXIT
 
 echo "== environments"
-( source "$root/scripts/env.sh" &&
-  # ctrtrain's own modules compiled once: where PYTHONDONTWRITEBYTECODE is set (as on this
-  # project's machines) no process writes them, and each of the suite's hundreds of processes
-  # compiled what it imports of src/ again (about 0.2 CPU-s for a training run's).
-  python -m compileall -q src tests scripts )
+# Bytecode written and kept (__pycache__, git-ignored): where PYTHONDONTWRITEBYTECODE is set, as
+# on this project's machines, each of the suite's hundreds of processes compiled what it
+# imported of src/ again (about 0.2 CPU-s a training run), and each of a run's five test
+# collections rewrote every test module's assertions (14 -> 9 CPU-s a collection). Compiled
+# once here, before two workers would both do it.
+unset PYTHONDONTWRITEBYTECODE
+( source "$root/scripts/env.sh" && python -m compileall -q src tests scripts )
 bash "$root/scripts/horovod_env.sh"
 export CTRTRAIN_REQUIRE_HOROVOD=1
 # DeepCTR 0.9.4 on tf-keras (scripts/deepctr_env.sh), run by the quality benchmark's test.
