@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import struct
 import time
 
 import pytest
@@ -76,6 +77,83 @@ def test_damaged_streams_are_errors_that_name_the_record(synth):
     import gzip
     with pytest.raises(DataError, match="the stream is gzip"):
         list(tfrecord_blocks(io.BytesIO(gzip.compress(data[:5000])), "fifo"))
+
+
+def recordio(*records, split=()) -> bytes:
+    """SageMaker's RecordIO framing; the records at the indices in `split` in two parts."""
+    out = b""
+    for i, r in enumerate(records):
+        parts = [(0, r)] if i not in split else [(1, r[:3]), (3, r[3:])]
+        for flag, part in parts:
+            out += struct.pack("<II", 0xCED7230A, (flag << 29) | len(part)) + part
+            out += b"\0" * ((4 - len(part) % 4) % 4)
+    return out
+
+
+@pytest.mark.tf215
+def test_the_stand_in_pipe_mode_dataset_reads_the_next_fifo_each_iteration(synth, tmp_path):
+    """ctrtrain's PipeModeDataset (launch/standins, for images without a PipeModeDataset
+    built for their TensorFlow): each iterator, of any PipeModeDataset of the channel, reads
+    the channel's next FIFO (the index kept in state_dir, as SageMaker's op keeps it), in each
+    record format, in eager and graph mode; damaged records are errors naming the FIFO."""
+    import threading
+    from ctrtrain.launch.standins.sagemaker_tensorflow import (PipeModeDataset,
+                                                               PipeModeDatasetException)
+    config, pipes, state = tmp_path / "config", tmp_path / "data", tmp_path / "state"
+    config.mkdir()
+    pipes.mkdir()
+    (config / "inputdataconfig.json").write_text(json.dumps({
+        "training": {"TrainingInputMode": "Pipe"}, "lines": {"TrainingInputMode": "Pipe"},
+        "io": {"TrainingInputMode": "Pipe"}, "file": {"TrainingInputMode": "File"}}))
+    dirs = {"pipe_dir": str(pipes), "config_dir": str(config), "state_dir": str(state)}
+    m, data = stream_of(synth / "tf" / "train")
+    want = [r.numpy() for r in tf.data.TFRecordDataset(m.paths(synth / "tf" / "train"))]
+
+    def fifo(name: str, payload: bytes):    # a real FIFO, written as a reader opens it
+        os.mkfifo(pipes / name)
+        threading.Thread(target=lambda: (pipes / name).write_bytes(payload), daemon=True).start()
+    fifo("training_0", data)
+    ds = PipeModeDataset("training", record_format="TFRecord", **dirs)
+    assert ds.element_spec == tf.TensorSpec([], tf.string)
+    assert [r.numpy() for r in ds] == want                        # epoch 0
+    at = record_offsets(data, 8)
+    (pipes / "training_1").write_bytes(data[:at[7]])
+    again = PipeModeDataset("training", record_format="TFRecord", **dirs)   # the same index
+    assert [r.numpy() for r in again] == want[:7]
+    assert (state / ".training-pipe_mode-state").read_text() == "2"
+    # A bare dataset's iterator in graph mode (where 2.14's op crashes TensorFlow 2.15).
+    fifo("training_2", data)
+    with tf.Graph().as_default():
+        it = tf.compat.v1.data.make_one_shot_iterator(
+            PipeModeDataset("training", record_format="TFRecord", **dirs))
+        first = it.get_next()
+        with tf.compat.v1.Session() as sess:
+            assert sess.run(first) == want[0]
+    records = [b"a", b"", b"seven b", b"x" * 13]
+    (pipes / "io_0").write_bytes(recordio(*records, split={2, 3}))
+    assert [r.numpy() for r in PipeModeDataset("io", **dirs)] == records     # RecordIO default
+    (pipes / "lines_0").write_bytes(b"1 2:1\n0 3:1\n\n1 4:1")
+    assert [r.numpy() for r in PipeModeDataset("lines", record_format="TextLine", **dirs)] == \
+        [b"1 2:1", b"0 3:1", b"", b"1 4:1"]
+    # Damaged: named; with max_corrupted_records_to_skip, skipped.
+    bad = bytearray(data[:at[2]])
+    bad[at[1] + 20] ^= 0xFF
+    (pipes / "training_3").write_bytes(bytes(bad))
+    with pytest.raises(tf.errors.OpError, match=f"training_3: CRC check on data failed at "
+                                                f"byte {at[1]}"):
+        list(PipeModeDataset("training", record_format="TFRecord", **dirs))
+    (pipes / "training_4").write_bytes(bytes(bad))
+    assert [r.numpy() for r in PipeModeDataset("training", record_format="TFRecord",
+                                                max_corrupted_records_to_skip=1, **dirs)] == \
+        want[:1]
+    (pipes / "io_1").write_bytes(recordio(b"abcdef")[:10])
+    with pytest.raises(tf.errors.OpError, match="io_1: the stream ended inside a RecordIO"):
+        list(PipeModeDataset("io", **dirs))
+    for channel, kw, message in (("nope", {}, "Channel nope not found"),
+                                 ("file", {}, "Channel file is not a PipeMode channel"),
+                                 ("io", {"max_corrupted_records_to_skip": 1}, "only be set for")):
+        with pytest.raises(PipeModeDatasetException, match=message):
+            PipeModeDataset(channel, **kw, **dirs)
 
 
 def test_libsvm_lines_survive_any_chunking(synth):

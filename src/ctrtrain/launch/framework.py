@@ -20,6 +20,8 @@ from .spec import JobSpec
 
 
 SHARED = "/opt/ml/shared"
+# SageMaker's packages where the image has none that works (standins/__init__.py).
+STANDINS = Path(__file__).resolve().parent / "standins"
 
 
 def model_dir_hyperparameter(spec: JobSpec) -> str | None:
@@ -47,7 +49,18 @@ def platform_env(spec: JobSpec, image: Image, host: str) -> dict[str, str]:
         # The toolkit's `pip install -r requirements.txt` finds the index's packages here.
         env["PIP_FIND_LINKS"] = str(wheels)
     env.update(spec.environment)
+    if pipe_mode_standin(spec, image):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STANDINS), env.get("PYTHONPATH")) if p)
     return env
+
+
+def pipe_mode_standin(spec: JobSpec, image: Image) -> bool:
+    """Whether the hosts import ctrtrain's PipeModeDataset (standins/sagemaker_tensorflow): a
+    job with a Pipe channel on an image without one built for its TensorFlow (AWS published
+    its op for 2.11 to 2.14; 2.15's image has 2.14's, whose bare iterator crashes there)."""
+    if not any(c.input_mode == "Pipe" for c in spec.channels.values()):
+        return False
+    return not (image.pipemode and image.pipemode.startswith(image.framework_version + "."))
 
 
 def job_wheelhouse(spec: JobSpec, image: Image) -> Path | None:

@@ -118,7 +118,7 @@ def prepare_outside(spec: JobSpec):
     refuse_mpi_without_horovod(spec)
     image = ensure_image(spec.framework_version, spec.py_version,
                          horovod=bool(spec.framework_params.get("sagemaker_mpi_enabled")))
-    warn_pipe_mode_dataset(spec, image)
+    say_pipe_mode_dataset(spec, image)
     return prepare(req, image) if req else None
 
 
@@ -148,20 +148,20 @@ def refuse_mpi_without_horovod(spec: JobSpec) -> None:
                           "'2.15', whose image .venv-hvd has it (`bash scripts/horovod_env.sh`)")
 
 
-def warn_pipe_mode_dataset(spec: JobSpec, image) -> None:
-    """A Pipe channel on an image whose PipeModeDataset was built for another TensorFlow
-    (the 2.15 image's is 2.14's, the newest AWS published): its mapped datasets work, a bare
-    PipeModeDataset's iterator crashes the process (docs/cluster.md). Said before the job
-    starts, as a crash there says nothing of why."""
-    pipes = sorted(name for name, c in spec.channels.items() if c.input_mode == "Pipe")
-    if not pipes or not image.pipemode or image.pipemode.startswith(image.framework_version + "."):
+def say_pipe_mode_dataset(spec: JobSpec, image) -> None:
+    """Says before the job starts when its hosts get ctrtrain's PipeModeDataset, not one the
+    image has (framework.pipe_mode_standin)."""
+    from .framework import pipe_mode_standin
+    if not pipe_mode_standin(spec, image):
         return
-    print(f"warning: Pipe channel(s) {', '.join(pipes)}: the {image.framework_version} image's "
-          f"PipeModeDataset is sagemaker-tensorflow {image.pipemode}, built for TensorFlow "
-          f"{'.'.join(image.pipemode.split('.')[:2])}: a dataset mapped over it works, iterating "
-          "a bare PipeModeDataset crashes the process (segmentation fault); the 2.11 to 2.14 "
-          "images have one built for their own TensorFlow, and reading the channel's FIFOs "
-          "(/opt/ml/input/data/<channel>_<epoch>) works on every image", flush=True)
+    pipes = sorted(name for name, c in spec.channels.items() if c.input_mode == "Pipe")
+    has = (f"its sagemaker-tensorflow {image.pipemode} is TensorFlow "
+           f"{'.'.join(image.pipemode.split('.')[:2])}'s, whose bare iterator crashes there"
+           if image.pipemode else "AWS published it for TensorFlow 2.11 to 2.14")
+    print(f"Pipe channel(s) {', '.join(pipes)}: the {image.framework_version} image has no "
+          f"PipeModeDataset built for its TensorFlow ({has}); its hosts import ctrtrain's "
+          "(sagemaker_tensorflow.PipeModeDataset, reading the channel's FIFOs as SageMaker's "
+          "does; docs/cluster.md)", flush=True)
 
 
 RETRY_BACKOFF_S = 2.0   # between attempts: the torn-down job's ports and files settle

@@ -1,5 +1,6 @@
 """A Pipe-mode script as SageMaker's examples write it: PipeModeDataset over a TFRecord
-channel, one dataset per epoch, parsed and batched with tf.data."""
+channel, one dataset per epoch, parsed and batched with tf.data; then, as TF1-style scripts
+do, one more epoch through a bare PipeModeDataset's iterator in graph mode."""
 import argparse
 import json
 import os
@@ -24,5 +25,17 @@ for epoch in range(args.epochs):
     ds = PipeModeDataset(channel="training", record_format="TFRecord").map(parse).batch(8)
     for x, y in ds:
         rows += int(x.shape[0])
+bare = 0
+with tf.Graph().as_default():
+    record = tf.compat.v1.data.make_one_shot_iterator(
+        PipeModeDataset(channel="training", record_format="TFRecord")).get_next()
+    with tf.compat.v1.Session() as sess:
+        try:
+            while True:
+                sess.run(record)
+                bare += 1
+        except tf.errors.OutOfRangeError:
+            pass
+import sagemaker_tensorflow  # noqa: E402  (whose PipeModeDataset this is)
 with open(os.path.join(os.environ["SM_MODEL_DIR"], "pipe.json"), "w") as f:
-    json.dump({"rows": rows}, f)
+    json.dump({"rows": rows, "bare": bare, "package": sagemaker_tensorflow.__file__}, f)
