@@ -23,8 +23,9 @@ cd "$root"
 # Bytecode written and kept (__pycache__, git-ignored): where PYTHONDONTWRITEBYTECODE is set, as
 # on this project's machines, each of the suite's hundreds of processes compiled what it
 # imported of src/ again (about 0.2 CPU-s a training run), and each of a run's five test
-# collections rewrote every test module's assertions (14 -> 9 CPU-s a collection). The whole
-# suite compiles src/ once first, before two workers would both do it.
+# collections rewrote every test module's assertions (14 -> 9 CPU-s a collection: pytest keeps
+# its own). The whole suite compiles src/ once first, before two workers would both do it; not
+# tests/, whose SageMaker scripts are packed as a job's code (no cache beside them).
 unset PYTHONDONTWRITEBYTECODE
 
 # Two pytest-xdist workers: the suite leaves about half of 2 cores idle when run in one
@@ -63,7 +64,7 @@ report() {
 trap report EXIT
 
 echo "== environments"
-( source "$root/scripts/env.sh" && python -m compileall -q src tests scripts )  # (see above)
+( source "$root/scripts/env.sh" && python -m compileall -q src )   # (see above)
 bash "$root/scripts/horovod_env.sh"
 export CTRTRAIN_REQUIRE_HOROVOD=1
 # DeepCTR 0.9.4 on tf-keras (scripts/deepctr_env.sh), run by the quality benchmark's test.

@@ -644,12 +644,17 @@ def test_bench_train_measures_the_model_named_and_deepctrs(data, tmp_path):
         dcn = b["variants"]["dcn"]
         assert dcn["deepctr"]["examples_per_s"] > 0 and len(dcn["deepctr"]["runs"]) == 1
         assert dcn["ratio_to_deepctr"] == dcn["examples_per_s"] / dcn["deepctr"]["examples_per_s"]
+        # DeepCTR's run right after the variant's, its load recorded as ctrtrain's is
+        assert b["order"] == ["train lr", "train dcn", "deepctr dcn"]
+        assert dcn["deepctr"]["loads"][0]["machine_cores"] > 0
 
 
 @pytest.mark.slow
 def test_bench_train_takes_each_runs_ratio_to_the_dense_limit_beside_it(data, tmp_path):
-    """Repeats go round the variants, each run's dense limit measured right after it: the
-    ratio is the median of the runs' own ratios (the VM's speed drifts between runs)."""
+    """Repeats go round the variants, each run's dense limit measured beside it, the order
+    reversed every other round: the ratio is the median of the runs' own ratios (the VM's
+    speed drifts between runs), given with its spread; each run's load of other processes
+    is recorded."""
     import statistics
     # One variant (each run is a process of its own: 2 repeats of a run and its dense limit
     # are 4 processes); several variants in one bench: the test of --model above.
@@ -663,6 +668,14 @@ def test_bench_train_takes_each_runs_ratio_to_the_dense_limit_beside_it(data, tm
         assert len(v["runs"]) == len(v["dense_limit_runs"]) == 2
         assert v["ratio_runs"] == [r / d for r, d in zip(v["runs"], v["dense_limit_runs"])]
         assert v["ratio_to_dense_limit"] == statistics.median(v["ratio_runs"])
+        assert v["ratio_to_dense_limit_spread"] == {"min": min(v["ratio_runs"]), "median": v[
+            "ratio_to_dense_limit"], "max": max(v["ratio_runs"])}
+        for load in v["loads"]:
+            assert load["seconds"] > 0 and load["machine_cores"] > 0 and load["other_cores"] >= 0
+            assert load["contended"] == (load["other_cores"] > 0.2)
+    assert b["order"] == ["train b", "dense b", "dense b", "train b"]
+    v = b["variants"]["b"]
+    assert b["contended_runs"] == sum(ld["contended"] for ld in v["loads"] + v["dense_limit_loads"])
     assert b["variants"]["b"]["settings"] == {"steps_per_execution": 1}
 
 

@@ -193,7 +193,9 @@ def test_schedules_in_epochs_config_files_and_test_predictions(tmp_path, data):
 @pytest.mark.slow
 def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_path, loose):
     """With --estimator-python, the SageMaker sample's TF1 Estimator (estimator_runner.py, in
-    .venv-hvd: tf.estimator is gone from TF 2.16 on) is measured on the same data."""
+    .venv-hvd: tf.estimator is gone from TF 2.16 on) is measured on the same data, in the
+    same round as ctrtrain's run, after a warm-up that fills its 500,000-record input buffer
+    (or reads the data once, when smaller)."""
     from test_distributed import hvd_python
     estimator_python = hvd_python()
     out = tmp_path / "b.json"
@@ -209,6 +211,9 @@ def test_bench_train_measures_the_users_data_beside_the_estimator_sample(tmp_pat
     est = b["estimator_sample"]
     assert est["tensorflow"].startswith("2.15") and est["examples_per_s"] > 0
     assert ref["ratio_to_estimator_sample"] == pytest.approx(ref["examples_per_s"] / est["examples_per_s"])
+    assert b["order"] == ["train reference", "dense reference", "estimator"]
+    assert est["warmup_steps"] == -(-min(b["config"]["rows"], 500_000) // 1024), est
+    assert est["measured_steps"] == 20 and isinstance(est["curve"], list)
 
 
 @pytest.mark.slow

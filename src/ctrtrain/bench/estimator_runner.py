@@ -21,6 +21,7 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+CURVE_STEPS = 50
 
 
 def main(p: dict) -> None:
@@ -85,8 +86,17 @@ def main(p: dict) -> None:
                  f"{p['warmup'] + p['steps']} asked (no data in {len(p['files'])} files?)")
     secs = measured[-1] - measured[0]
     steps = len(measured) - 1
+    # The warm-up curve: examples/s of each CURVE_STEPS steps from the start, the input
+    # buffer filling beside the steps in the first ones.
+    t, n = clock.times, CURVE_STEPS
+    curve = [{"step": i + n, "examples_per_s": n * p["batch_size"] / (t[i + n] - t[i])}
+             for i in range(0, len(t) - n, n)]
+    import resource
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print(json.dumps({"examples_per_s": steps * p["batch_size"] / secs,
-                      "step_ms": 1000 * secs / steps, "tensorflow": tf.__version__}))
+                      "step_ms": 1000 * secs / steps, "tensorflow": tf.__version__,
+                      "curve": curve, "cpu_s": own.ru_utime + own.ru_stime + kids.ru_utime
+                      + kids.ru_stime}))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .machine import describe_machine
+from .machine import CONTENDED_CORES, LoadWindow, describe_machine, process_cpu_s
 from .runner import run_json
 
 # The SageMaker DeepFM sample's configuration (with its dropout), on ids as sparse as real
@@ -80,6 +80,8 @@ def prepare_bag_data(work: Path, rows: int, feature_size: int, fields: int, leng
 # DIN's reference: the reference data with one categorical field replaced by a history of up
 # to 20 ids (DIN's and DeepCTR's examples use 20 to 50), weighed against field C1.
 HISTORY = {"length": 20, "din_target": "C1"}
+# The SageMaker sample's input: prefetch(500000) records before its steps (estimator_runner.py).
+ESTIMATOR_BUFFER = 500_000
 
 
 def batch_stats(data: str, batch_size: int, batches: int = 20) -> dict:
@@ -174,7 +176,8 @@ def _train_worker(p: dict) -> dict:
     return {"examples_per_s": steps * p["batch_size"] / secs, "step_ms": 1000 * secs / steps,
             "input_bound": wait / (wait + comp), "input_ms": 1000 * wait / steps,
             "compute_ms": 1000 * comp / steps,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "cpu_s": process_cpu_s()}
 
 
 def _dense_worker(p: dict) -> dict:
@@ -225,7 +228,7 @@ def _dense_worker(p: dict) -> dict:
     loss.numpy()
     secs = time.perf_counter() - t
     return {"examples_per_s": p["steps"] * p["batch_size"] / secs,
-            "step_ms": 1000 * secs / p["steps"]}
+            "step_ms": 1000 * secs / p["steps"], "cpu_s": process_cpu_s()}
 
 
 def _estimator_run(python: str, params: dict) -> dict:
@@ -297,41 +300,19 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     out = {"machine": describe_machine(), "data": str(data), "config": {**REFERENCE, "rows": rows,
            "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats,
            "model": model}, **sparsity, "variants": {}}
-    # Repeats go round the variants, each run with its dense limit measured beside it: this
-    # VM's speed drifts by tens of percent over minutes, which a variant's runs made in a row
-    # would take for its own (the dense limit moved from 150k to 230k ex/s between variants
-    # of one invocation).
-    trained = {name: [] for name in variants}
-    dense_of = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, over in variants.items():
-            run = {**base, **over}
-            trained[name].append(_run_worker("train", run))
-            if run["model"] in DENSE_LIMIT_MODELS:
-                dense_of[name].append(_run_worker("dense", {**run, "steps": 200, "warmup": 20}))
+    # Repeats go round in rounds, each run with its peers measured beside it, the order within
+    # a round reversed every other round (A B, B A): this VM's speed drifts by tens of percent
+    # over minutes (the dense limit moved from 150k to 230k ex/s between variants of one
+    # invocation), which runs made apart, or always in the same order, would take for the
+    # trainers'. A ratio is taken within a round, and its spread is reported.
+    peers = []                        # (kind, variant), kinds: dense, deepctr, estimator
+    deepctr_params, est_params = {}, None
     for name, over in variants.items():
         run = {**base, **over}
-        runs = trained[name]
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        med.update(model=run["model"], runs=[r["examples_per_s"] for r in runs], settings=over)
-        limit = "dense limit: DeepFM's MLP, not this model's part"
         if run["model"] in DENSE_LIMIT_MODELS:
-            dense = dense_of[name]
-            dense_med = statistics.median(d["examples_per_s"] for d in dense)
-            # The ratio of each run to the dense limit measured next to it, then the median.
-            ratios = [r["examples_per_s"] / d["examples_per_s"] for r, d in zip(runs, dense)]
-            med.update(dense_limit_examples_per_s=dense_med,
-                       dense_limit_runs=[d["examples_per_s"] for d in dense],
-                       ratio_runs=ratios, ratio_to_dense_limit=statistics.median(ratios))
-            limit = (f"dense limit {dense_med:>9,.0f} ex/s  ratio "
-                     f"{med['ratio_to_dense_limit']:.2f}")
-        out["variants"][name] = med
-        print(f"{name:24s} {run['model']:9s} {med['examples_per_s']:>9,.0f} ex/s  step "
-              f"{med['step_ms']:6.2f} ms (input wait {med['input_ms']:5.2f} ms, compute "
-              f"{med['compute_ms']:6.2f} ms, input-bound {med['input_bound']:.1%})  {limit}  "
-              f"peak RSS {med['peak_rss_mb']:,.0f} MB", flush=True)
+            peers.append(("dense", name))
         if deepctr_python and run["model"] not in DEEPCTR_MODELS:
-            print(f"{'':24s} DeepCTR has no {run['model']}", flush=True)
+            print(f"{name}: DeepCTR has no {run['model']}", flush=True)
         elif deepctr_python:
             # Exported anew by each run of the command (the data may have changed since).
             need = (warmup + steps) * run["batch_size"]
@@ -341,33 +322,117 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
                 arrays.parent.mkdir(parents=True, exist_ok=True)
                 export_arrays(str(data), arrays, rows=need)
                 exported.add(need)
-            params = _deepctr_params(run, feature_size, arrays, schema)
-            peer = [run_json([deepctr_python, str(Path(__file__).with_name("deepctr_runner.py")),
-                              json.dumps(params)], "DeepCTR")[-1] for _ in range(repeats)]
-            eps = statistics.median(r["examples_per_s"] for r in peer)
-            med.update(deepctr={"examples_per_s": eps, "runs": [r["examples_per_s"] for r in peer],
-                                "step_ms": statistics.median(r["step_ms"] for r in peer),
-                                "tensorflow": peer[0]["tensorflow"]},
-                       ratio_to_deepctr=med["examples_per_s"] / eps)
-            print(f"{'':24s} DeepCTR 0.9.4 {eps:>9,.0f} ex/s (TF {peer[0]['tensorflow']}): "
-                  f"ctrtrain {med['ratio_to_deepctr']:.2f}x", flush=True)
+            deepctr_params[name] = _deepctr_params(run, feature_size, arrays, schema)
+            peers.append(("deepctr", name))
     if estimator_python:
-        from ..data.index import resolve_source
         m, base_dir = resolve_source(str(data))
-        # The files themselves: `data` may be a glob or files without a manifest.
-        params = {**base, "feature_size": feature_size, "l2": base["l2_reg"], "learning_rate": 1e-3,
-                  "files": [os.path.join(base_dir, f.path) for f in m.files],
-                  "compression": m.compression, "steps": min(steps, 100), "warmup": 10}
-        runs = [_estimator_run(estimator_python, params) for _ in range(repeats)]
-        est = statistics.median(r["examples_per_s"] for r in runs)
-        out["estimator_sample"] = {"examples_per_s": est, "runs": [r["examples_per_s"] for r in runs],
-                                   "tensorflow": runs[0]["tensorflow"]}
-        print(f"{'SageMaker sample Estimator':24s} {est:>9,.0f} ex/s (TF {runs[0]['tensorflow']})",
+        # The sample's input fills a 500,000-record buffer before its steps run at their
+        # speed: its warm-up lasts until the buffer is full (or the data is read once, when
+        # smaller), then 100 steps are timed. The files themselves: `data` may be a glob or
+        # files without a manifest.
+        est_warmup = math.ceil(min(m.records, ESTIMATOR_BUFFER) / base["batch_size"])
+        est_params = {**base, "feature_size": feature_size, "l2": base["l2_reg"],
+                      "learning_rate": 1e-3,
+                      "files": [os.path.join(base_dir, f.path) for f in m.files],
+                      "compression": m.compression, "steps": min(steps, 100),
+                      "warmup": est_warmup}
+        peers.append(("estimator", None))
+
+    def measure(kind: str, name: str | None) -> dict:
+        load = LoadWindow()
+        if kind == "train":
+            r = _run_worker("train", {**base, **variants[name]})
+        elif kind == "dense":
+            r = _run_worker("dense", {**base, **variants[name], "steps": 200, "warmup": 20})
+        elif kind == "deepctr":
+            r = run_json([deepctr_python, str(Path(__file__).with_name("deepctr_runner.py")),
+                          json.dumps(deepctr_params[name])], "DeepCTR")[-1]
+        else:
+            r = _estimator_run(estimator_python, est_params)
+        return {**r, "load": load.report(r.get("cpu_s"))}
+
+    got: dict = {}                    # (kind, variant) -> its runs, one a round
+    order = []
+    for i in range(repeats):
+        # A round: each variant's run, then its peers; the Estimator's beside the first
+        # variant's.
+        first = next(iter(variants))
+        tasks = [t for name in variants for t in
+                 [("train", name)] + [p for p in peers if p[1] == name]
+                 + ([("estimator", None)] if name == first and est_params else [])]
+        if i % 2:
+            tasks.reverse()
+        for kind, name in tasks:
+            order.append(f"{kind} {name}" if name else kind)
+            got.setdefault((kind, name), []).append(measure(kind, name))
+    runs_of = {k: [r["examples_per_s"] for r in v] for k, v in got.items()}
+    contended = sum(r["load"].get("contended", False) for v in got.values() for r in v)
+    out.update(order=order, contended_runs=contended)
+
+    def spread(xs: list[float]) -> dict:
+        return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+    for name, over in variants.items():
+        run = {**base, **over}
+        runs = got[("train", name)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]
+               if isinstance(runs[0][k], (int, float)) and not isinstance(runs[0][k], bool)}
+        med.update(model=run["model"], runs=runs_of[("train", name)], settings=over,
+                   loads=[r["load"] for r in runs])
+        limit = "dense limit: DeepFM's MLP, not this model's part"
+        if ("dense", name) in got:
+            dense = runs_of[("dense", name)]
+            # The ratio of each run to the dense limit measured in its round, then the median.
+            ratios = [r / d for r, d in zip(runs_of[("train", name)], dense)]
+            med.update(dense_limit_examples_per_s=statistics.median(dense),
+                       dense_limit_runs=dense, ratio_runs=ratios,
+                       dense_limit_loads=[r["load"] for r in got[("dense", name)]],
+                       ratio_to_dense_limit=statistics.median(ratios),
+                       ratio_to_dense_limit_spread=spread(ratios))
+            limit = (f"dense limit {statistics.median(dense):>9,.0f} ex/s  ratio "
+                     f"{med['ratio_to_dense_limit']:.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+        out["variants"][name] = med
+        print(f"{name:24s} {run['model']:9s} {med['examples_per_s']:>9,.0f} ex/s  step "
+              f"{med['step_ms']:6.2f} ms (input wait {med['input_ms']:5.2f} ms, compute "
+              f"{med['compute_ms']:6.2f} ms, input-bound {med['input_bound']:.1%})  {limit}  "
+              f"peak RSS {med['peak_rss_mb']:,.0f} MB", flush=True)
+        if ("deepctr", name) in got:
+            peer = got[("deepctr", name)]
+            eps = runs_of[("deepctr", name)]
+            ratios = [r / d for r, d in zip(runs_of[("train", name)], eps)]
+            med.update(deepctr={"examples_per_s": statistics.median(eps), "runs": eps,
+                                "step_ms": statistics.median(r["step_ms"] for r in peer),
+                                "tensorflow": peer[0]["tensorflow"],
+                                "loads": [r["load"] for r in peer]},
+                       ratio_to_deepctr=statistics.median(ratios),
+                       ratio_to_deepctr_runs=ratios, ratio_to_deepctr_spread=spread(ratios))
+            print(f"{'':24s} DeepCTR 0.9.4 {statistics.median(eps):>9,.0f} ex/s (TF "
+                  f"{peer[0]['tensorflow']}): ctrtrain {med['ratio_to_deepctr']:.2f}x "
+                  f"({min(ratios):.2f}-{max(ratios):.2f} by round)", flush=True)
+    if est_params:
+        est = got[("estimator", None)]
+        eps = runs_of[("estimator", None)]
+        out["estimator_sample"] = {
+            "examples_per_s": statistics.median(eps), "runs": eps,
+            "tensorflow": est[0]["tensorflow"], "warmup_steps": est_params["warmup"],
+            "measured_steps": est_params["steps"], "curve": est[0]["curve"],
+            "loads": [r["load"] for r in est]}
+        curve = ", ".join(f"{c['examples_per_s']:,.0f}" for c in est[0]["curve"])
+        print(f"{'SageMaker sample Estimator':24s} {statistics.median(eps):>9,.0f} ex/s (TF "
+              f"{est[0]['tensorflow']}; {est_params['steps']} steps timed after "
+              f"{est_params['warmup']} of warm-up; ex/s by 50 steps from the start: {curve})",
               flush=True)
         for name, v in out["variants"].items():
-            v["ratio_to_estimator_sample"] = v["examples_per_s"] / est
-            print(f"{name:24s} {v['ratio_to_estimator_sample']:.2f}x the Estimator sample",
-                  flush=True)
+            ratios = [r / e for r, e in zip(runs_of[("train", name)], eps)]
+            v.update(ratio_to_estimator_sample=statistics.median(ratios),
+                     ratio_to_estimator_sample_runs=ratios,
+                     ratio_to_estimator_sample_spread=spread(ratios))
+            print(f"{name:24s} {v['ratio_to_estimator_sample']:.2f}x the Estimator sample "
+                  f"({min(ratios):.2f}-{max(ratios):.2f} by round)", flush=True)
+    if contended:
+        print(f"warning: {contended} run(s) shared the machine with other processes (more "
+              f"than {CONTENDED_CORES} cores of other load): see each run's `load` in the "
+              "report", flush=True)
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
     return out
