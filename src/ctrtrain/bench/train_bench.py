@@ -305,7 +305,7 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     # over minutes (the dense limit moved from 150k to 230k ex/s between variants of one
     # invocation), which runs made apart, or always in the same order, would take for the
     # trainers'. A ratio is taken within a round, and its spread is reported.
-    peers = []                        # (kind, variant), kinds: dense, deepctr, estimator
+    peers = []                        # (kind, variant): a variant's dense limit and DeepCTR
     deepctr_params, est_params = {}, None
     for name, over in variants.items():
         run = {**base, **over}
@@ -336,7 +336,6 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
                       "files": [os.path.join(base_dir, f.path) for f in m.files],
                       "compression": m.compression, "steps": min(steps, 100),
                       "warmup": est_warmup}
-        peers.append(("estimator", None))
 
     def measure(kind: str, name: str | None) -> dict:
         load = LoadWindow()
@@ -353,10 +352,10 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
 
     got: dict = {}                    # (kind, variant) -> its runs, one a round
     order = []
+    first = next(iter(variants))
     for i in range(repeats):
         # A round: each variant's run, then its peers; the Estimator's beside the first
         # variant's.
-        first = next(iter(variants))
         tasks = [t for name in variants for t in
                  [("train", name)] + [p for p in peers if p[1] == name]
                  + ([("estimator", None)] if name == first and est_params else [])]
