@@ -647,6 +647,10 @@ def test_bench_train_measures_the_model_named_and_deepctrs(data, tmp_path):
         # DeepCTR's run right after the variant's, its load recorded as ctrtrain's is
         assert b["order"] == ["train lr", "train dcn", "deepctr dcn"]
         assert dcn["deepctr"]["loads"][0]["machine_cores"] > 0
+    # every run with glibc keeping what it frees (runner.KEEP_FREED_MEMORY): the peers'
+    # table-sized temporaries are not paged in anew each step
+    assert b["allocator"] == "MALLOC_MMAP_THRESHOLD_=2000000000 MALLOC_TRIM_THRESHOLD_=4000000000"
+    assert "every run with glibc keeping the memory it frees" in r.stdout
 
 
 @pytest.mark.slow
@@ -661,9 +665,9 @@ def test_bench_train_takes_each_runs_ratio_to_the_dense_limit_beside_it(data, tm
     (tmp_path / "v.yaml").write_text("b: {steps_per_execution: 1}\n")
     run_cli("bench", "train", "--data", data / "train", "--variants", tmp_path / "v.yaml",
             "--steps", 20, "--warmup", 5, "--repeats", 2, "--work-dir", tmp_path / "w",
-            "--json", tmp_path / "b.json")
+            "--json", tmp_path / "b.json", "--system-malloc")
     b = json.loads((tmp_path / "b.json").read_text())
-    assert list(b["variants"]) == ["b"]
+    assert list(b["variants"]) == ["b"] and b["allocator"] == "glibc defaults"
     for v in b["variants"].values():
         assert len(v["runs"]) == len(v["dense_limit_runs"]) == 2
         assert v["ratio_runs"] == [r / d for r, d in zip(v["runs"], v["dense_limit_runs"])]

@@ -472,6 +472,10 @@ def _bench_commands(sub):
     p.add_argument("--deepctr-python", default=None,
                    help="python of a DeepCTR 0.9.4 environment (scripts/deepctr_env.sh prints "
                         "it): DeepCTR's implementation of each variant's model, in the same run")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="run every process with glibc's default allocator instead of one that "
+                        "keeps the memory it frees: the peers' table-sized temporaries are then "
+                        "paged in anew every step (docs/benchmarks.md)")
     p.add_argument("--multi-hot-fields", type=POSITIVE, default=None,
                    help="instead: the reference data beside the same data with this many of its "
                         "categorical fields made multi_hot bags, compared in ids per second")
@@ -703,7 +707,7 @@ def cmd_bench_train(a):
     run_train_bench(work_dir=a.work_dir, rows=a.rows, feature_size=a.feature_size, steps=a.steps,
                     warmup=a.warmup, repeats=a.repeats, variants=variants, json_path=a.json,
                     data=a.data, estimator_python=a.estimator_python, model=a.model,
-                    deepctr_python=a.deepctr_python)
+                    deepctr_python=a.deepctr_python, system_malloc=a.system_malloc)
 
 
 def cmd_bench_profile(a):

@@ -24,6 +24,16 @@ from ..launch.forkserver import ForkServer
 
 _forks: ForkServer | None = None
 
+# glibc's allocator told to keep the memory a process frees (in its heap, for its next
+# allocation) instead of giving it back to the kernel. By default a block above 32 MB is a
+# mapping of its own, unmapped when freed, so a step that makes table-sized temporaries (a
+# 1M x 16 table's dense gradient and Adam moments: 64 MB each) takes every page of them anew,
+# zeroed by the kernel: measured here, DeepCTR's DeepFM step spent 53 of its 89 CPU-s in the
+# kernel (2,488 ex/s; 7,368 with this), the SageMaker sample's Estimator 102 of 223 (6,194;
+# 11,705), and how much that costs depends on the kernel's huge pages at that moment (the
+# peers' two speeds of issue 58). ctrtrain's sparse step makes no such temporaries.
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "2000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"}
+
 
 @contextlib.contextmanager
 def forked_runs():
@@ -38,10 +48,11 @@ def forked_runs():
         _forks = outer
 
 
-def run_json(cmd: list[str], what: str, timeout: float = 3600, fork: bool = False) -> list[dict]:
+def run_json(cmd: list[str], what: str, timeout: float = 3600, fork: bool = False,
+             env: dict[str, str] | None = None) -> list[dict]:
     """Runs `cmd` (forked where `fork` and it can be) and returns the JSON objects it printed,
-    one per line, in order."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CTRTRAIN_NO_PROGRESS="1")
+    one per line, in order. `env`: set in its environment besides this process's."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CTRTRAIN_NO_PROGRESS="1", **(env or {}))
     code, out, err = _run(cmd, env, timeout) if fork else _new_process(cmd, env, timeout)
     if code != 0:
         raise RuntimeError(f"{what} failed:\n{err[-3000:]}")

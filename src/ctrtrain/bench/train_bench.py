@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from .machine import CONTENDED_CORES, LoadWindow, describe_machine, process_cpu_s
-from .runner import run_json
+from .runner import KEEP_FREED_MEMORY, run_json
 
 # The SageMaker DeepFM sample's configuration (with its dropout), on ids as sparse as real
 # Criteo's: Zipf(0.7) within each field gives about 8,400 distinct rows per batch of 1,024
@@ -112,10 +112,10 @@ def window(warmup: int) -> int:
     return math.gcd(warmup, 50) if warmup else 50
 
 
-def _run_worker(kind: str, params: dict) -> dict:
+def _run_worker(kind: str, params: dict, env: dict | None = None) -> dict:
     """One measured run in a fresh Python process; returns its JSON result."""
     return run_json([sys.executable, "-m", "ctrtrain.bench.train_bench", kind,
-                     json.dumps(params)], "benchmark worker")[-1]
+                     json.dumps(params)], "benchmark worker", env=env)[-1]
 
 
 # Run parameters _train_worker maps onto TrainConfig itself.
@@ -231,10 +231,10 @@ def _dense_worker(p: dict) -> dict:
             "step_ms": 1000 * secs / p["steps"], "cpu_s": process_cpu_s()}
 
 
-def _estimator_run(python: str, params: dict) -> dict:
+def _estimator_run(python: str, params: dict, env: dict | None = None) -> dict:
     """One run of the SageMaker sample's TF1 Estimator (estimator_runner.py) in `python`."""
     runner = str(Path(__file__).with_name("estimator_runner.py"))
-    return run_json([python, runner, json.dumps(params)], "estimator reference")[-1]
+    return run_json([python, runner, json.dumps(params)], "estimator reference", env=env)[-1]
 
 
 def _deepctr_params(run: dict, feature_size: int, arrays: Path, schema) -> dict:
@@ -257,14 +257,17 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
                     feature_size=REFERENCE["feature_size"], steps=300, warmup=50, repeats=3,
                     variants: dict[str, dict] | None = None, json_path=None,
                     data: str | None = None, estimator_python: str | None = None,
-                    model: str = "deepfm", deepctr_python: str | None = None) -> dict:
+                    model: str = "deepfm", deepctr_python: str | None = None,
+                    system_malloc: bool = False) -> dict:
     """`data`: the user's own training data (a directory, files or a glob; indexed if it has
     no manifest) instead of the synthesized reference set. `estimator_python`: a python with
     tf.estimator (TF 2.15) to measure the SageMaker sample's Estimator in the same run.
     `model`: the model every variant trains unless it names its own (`model:`).
     `deepctr_python`: a DeepCTR 0.9.4 environment's python (scripts/deepctr_env.sh) to measure
     DeepCTR's implementation of each variant's model (the ones it has) in the same run, on the
-    same rows, trained as DeepCTR users train (Keras `fit` on arrays)."""
+    same rows, trained as DeepCTR users train (Keras `fit` on arrays). Every run, ctrtrain's
+    and its peers', has glibc keep the memory it frees (runner.KEEP_FREED_MEMORY), unless
+    `system_malloc`."""
     from ..errors import ConfigError
     from .quality import DEEPCTR_MODELS
     variants = dict(variants or {"reference": {}})
@@ -299,7 +302,13 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
           f"batch of {base['batch_size']}", flush=True)
     out = {"machine": describe_machine(), "data": str(data), "config": {**REFERENCE, "rows": rows,
            "feature_size": feature_size, "steps": steps, "warmup": warmup, "repeats": repeats,
-           "model": model}, **sparsity, "variants": {}}
+           "model": model}, **sparsity, "variants": {},
+           "allocator": "glibc defaults" if system_malloc else
+           " ".join(f"{k}={v}" for k, v in KEEP_FREED_MEMORY.items())}
+    allocator = {} if system_malloc else KEEP_FREED_MEMORY
+    if allocator:
+        print(f"every run with glibc keeping the memory it frees ({out['allocator']}; "
+              "--system-malloc: its defaults)", flush=True)
     # Repeats go round in rounds, each run with its peers measured beside it, the order within
     # a round reversed every other round (A B, B A): this VM's speed drifts by tens of percent
     # over minutes (the dense limit moved from 150k to 230k ex/s between variants of one
@@ -340,14 +349,15 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     def measure(kind: str, name: str | None) -> dict:
         load = LoadWindow()
         if kind == "train":
-            r = _run_worker("train", {**base, **variants[name]})
+            r = _run_worker("train", {**base, **variants[name]}, allocator)
         elif kind == "dense":
-            r = _run_worker("dense", {**base, **variants[name], "steps": 200, "warmup": 20})
+            r = _run_worker("dense", {**base, **variants[name], "steps": 200, "warmup": 20},
+                            allocator)
         elif kind == "deepctr":
             r = run_json([deepctr_python, str(Path(__file__).with_name("deepctr_runner.py")),
-                          json.dumps(deepctr_params[name])], "DeepCTR")[-1]
+                          json.dumps(deepctr_params[name])], "DeepCTR", env=allocator)[-1]
         else:
-            r = _estimator_run(estimator_python, est_params)
+            r = _estimator_run(estimator_python, est_params, allocator)
         return {**r, "load": load.report(r.get("cpu_s"))}
 
     got: dict = {}                    # (kind, variant) -> its runs, one a round
