@@ -30,8 +30,7 @@ _forks: ForkServer | None = None
 # 1M x 16 table's dense gradient and Adam moments: 64 MB each) takes every page of them anew,
 # zeroed by the kernel: measured here, DeepCTR's DeepFM step spent 53 of its 89 CPU-s in the
 # kernel (2,488 ex/s; 7,368 with this), the SageMaker sample's Estimator 102 of 223 (6,194;
-# 11,705), and how much that costs depends on the kernel's huge pages at that moment (the
-# peers' two speeds of issue 58). ctrtrain's sparse step makes no such temporaries.
+# 11,705). ctrtrain's sparse step makes no such temporaries (docs/benchmarks.md).
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "2000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"}
 
 
