@@ -663,10 +663,14 @@ def test_bench_train_takes_each_runs_ratio_to_the_dense_limit_beside_it(data, tm
     # One variant (each run is a process of its own: 2 repeats of a run and its dense limit
     # are 4 processes); several variants in one bench: the test of --model above.
     (tmp_path / "v.yaml").write_text("b: {steps_per_execution: 1}\n")
-    run_cli("bench", "train", "--data", data / "train", "--variants", tmp_path / "v.yaml",
-            "--steps", 20, "--warmup", 5, "--repeats", 2, "--work-dir", tmp_path / "w",
-            "--json", tmp_path / "b.json", "--system-malloc")
+    r = run_cli("bench", "train", "--data", data / "train", "--variants", tmp_path / "v.yaml",
+                "--steps", 20, "--warmup", 5, "--repeats", 2, "--work-dir", tmp_path / "w",
+                "--json", tmp_path / "b.json", "--system-malloc")
     b = json.loads((tmp_path / "b.json").read_text())
+    # a line as each run ends, in the order run
+    assert [line.split(":")[1].strip() for line in r.stdout.splitlines()
+            if line.startswith("run ")] == b["order"], r.stdout
+    assert "run 4/4: train b:" in r.stdout, r.stdout
     assert list(b["variants"]) == ["b"] and b["allocator"] == "glibc defaults"
     for v in b["variants"].values():
         assert len(v["runs"]) == len(v["dense_limit_runs"]) == 2

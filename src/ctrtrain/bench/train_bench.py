@@ -363,17 +363,23 @@ def run_train_bench(work_dir="runs/bench-train", rows=REFERENCE["rows"],
     got: dict = {}                    # (kind, variant) -> its runs, one a round
     order = []
     first = next(iter(variants))
+    rounds = []
     for i in range(repeats):
         # A round: each variant's run, then its peers; the Estimator's beside the first
         # variant's.
         tasks = [t for name in variants for t in
                  [("train", name)] + [p for p in peers if p[1] == name]
                  + ([("estimator", None)] if name == first and est_params else [])]
-        if i % 2:
-            tasks.reverse()
-        for kind, name in tasks:
-            order.append(f"{kind} {name}" if name else kind)
-            got.setdefault((kind, name), []).append(measure(kind, name))
+        rounds.append(tasks[::-1] if i % 2 else tasks)
+    total = sum(map(len, rounds))
+    for kind, name in (t for tasks in rounds for t in tasks):
+        order.append(f"{kind} {name}" if name else kind)
+        r = measure(kind, name)
+        got.setdefault((kind, name), []).append(r)
+        # A line a run: a bench of the family beside DeepCTR runs for most of an hour, and
+        # its report is written at the end.
+        print(f"run {len(order)}/{total}: {order[-1]}: {r['examples_per_s']:,.0f} ex/s"
+              f"{' (contended)' if r['load'].get('contended') else ''}", flush=True)
     runs_of = {k: [r["examples_per_s"] for r in v] for k, v in got.items()}
     contended = sum(r["load"].get("contended", False) for v in got.values() for r in v)
     out.update(order=order, contended_runs=contended)
