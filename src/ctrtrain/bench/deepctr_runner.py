@@ -298,21 +298,36 @@ def build(params: dict, train: dict, fields: list | None = None):
     return model, inputs, facts
 
 
+def _step_clock(first: int):
+    """(a Keras callback, {"start", "end"}): the time batch `first` starts and the time the
+    last batch ends. Measured inside one `fit`, not around it: the end of a `fit` call
+    destroys its input iterator, and that destructor at times waits seconds with no thread
+    working (docs/benchmarks.md, "DeepCTR's two speeds"), a wait that is no training step's."""
+    import tensorflow as tf
+    times = {}
+
+    class Clock(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == first:
+                times["start"] = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            times["end"] = time.perf_counter()
+
+    return Clock(), times
+
+
 def speed(params: dict, train: dict, model, inputs) -> dict:
-    """Examples/s of S timed batches after W warm-up ones (params["speed"])."""
+    """Examples/s of S timed batches after W warm-up ones (params["speed"]), in one `fit`
+    over the W + S batches (_step_clock)."""
     batch, w, s = params["batch_size"], params["speed"]["warmup"], params["speed"]["steps"]
     if len(train["labels"]) < (w + s) * batch:
         raise SystemExit(f"{(w + s) * batch} training rows needed, {len(train['labels'])} given")
-
-    def fit(lo, hi):
-        part = {k: v[lo * batch:hi * batch] for k, v in train.items()}
-        model.fit(inputs(part), part["labels"], batch_size=batch, epochs=1, verbose=0,
-                  shuffle=False)
-
-    fit(0, w)
-    t0 = time.perf_counter()
-    fit(w, w + s)
-    seconds = time.perf_counter() - t0
+    part = {k: v[:(w + s) * batch] for k, v in train.items()}
+    clock, times = _step_clock(w)
+    model.fit(inputs(part), part["labels"], batch_size=batch, epochs=1, verbose=0,
+              shuffle=False, callbacks=[clock])
+    seconds = times["end"] - times["start"]
     import resource
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"examples_per_s": s * batch / seconds, "step_ms": 1000 * seconds / s,
