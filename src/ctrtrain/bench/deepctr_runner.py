@@ -7,8 +7,8 @@ environment's python: it imports numpy, TensorFlow and DeepCTR only, never ctrtr
     python deepctr_runner.py PARAMS_JSON   ->  one JSON line per epoch on stdout
 
 With params["speed"] ({"warmup": W, "steps": S}, from `ctrtrain bench train`) it trains only:
-W batches of the training array, then S more timed (one Keras `fit` each, as DeepCTR users
-train), and prints one JSON line with examples/s over the S steps.
+W + S batches of the training array in one Keras `fit` (as DeepCTR users train), the last S
+timed inside it, and prints one JSON line with examples/s over the S steps.
 
 The model is built as people use DeepCTR on Criteo-style data: a field whose id never changes
 (a numeric column: one id, its value varying) is a DenseFeat of its value; every other field
