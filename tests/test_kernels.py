@@ -469,6 +469,62 @@ def test_catchup_adam_in_the_kernels_is_the_tensorflow_ops_update(table_l2):
     assert len(np.unique(skipped)) > 10, "rows skipped various numbers of steps"
 
 
+@pytest.mark.parametrize("l2_dense", [0.0, 1e-2])
+def test_dense_adam_folds_the_l2_and_the_held_rows_into_its_update(l2_dense):
+    """The MLP kernels' Adam update with the gradient's terms folded in (kernels.adam_dense,
+    and the TensorFlow ops where it does not run) is the update of the loss with the L2
+    penalty added and the first kernel's first-order rows masked, as the step computed it
+    before: the same variables and moments to float32 precision over 30 steps with a
+    learning-rate decay, and those rows exactly zero throughout."""
+    from ctrtrain.models import build_model
+    from ctrtrain.models.engine.optimizers import make_optimizer
+    batches = _batches(30, seed=3)
+    runs = {}
+    for path in ("fused", "ops", "penalized loss"):
+        kernels.set_enabled(path == "fused")
+        cfg = ModelConfig(feature_size=ROWS, field_size=F, embedding_size=4, deep_layers=(16, 8),
+                          dropout=0.0, seed=1, embedding_init=0.01, l2_dense=l2_dense)
+        params = {"table_updates": "dense"}
+        if path != "penalized loss":
+            model, opt, step, variables = build_training(cfg, "adam", 1e-2, optimizer_params=params)
+        else:   # the step as it was: L2 differentiated with the loss, the kernel masked
+            model, opt = build_model(cfg), make_optimizer("adam", 1e-2, **params)
+            variables = model.embedding_tables + model.dense_variables()
+            opt.build(variables, tables=model.embedding_tables)
+            first = model.mlp.kernels[0]
+
+            @tf.function(autograph=False)
+            def step(batch, model=model, opt=opt, variables=variables, first=first):
+                with tf.GradientTape() as tape:
+                    logits, l2 = model(batch, training=True)
+                    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                        labels=batch["label"], logits=logits))
+                    total = loss + l2
+                grads = tape.gradient(total, variables)
+                grads = [g * model.mlp.input_mask if v is first else g
+                         for g, v in zip(grads, variables)]
+                opt.apply_gradients(zip(grads, variables))
+                return loss
+        held = model.mlp.input_mask.numpy()[:, 0] == 0
+        assert held.sum() == F           # DeepFM's first-order column, one row a field
+        for i, b in enumerate(batches):
+            if i == 15:
+                opt.lr_scale.assign(0.5)
+            step(b)
+            assert not model.mlp.kernels[0].numpy()[held].any(), (path, i)
+        if path != "penalized loss":
+            ops = {o.type for o in step.get_concrete_function(batches[0]).graph.get_operations()}
+            assert ("CtrAdamDense" in ops) == (path == "fused"), (path, sorted(ops))
+        k0 = model.mlp.kernels[0]
+        runs[path] = ([v.numpy() for v in model.dense_variables()],
+                      [opt.slot(k0, "m").numpy(), opt.slot(k0, "v").numpy()])
+    for path in ("fused", "ops"):
+        for got, want in zip(runs[path][0] + runs[path][1],
+                             runs["penalized loss"][0] + runs["penalized loss"][1]):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=path)
+        assert not runs[path][1][0][held].any() and not runs[path][1][1][held].any()
+
+
 def _caught_up_float64(opt, stored, moments, last, iterations):
     """Adam's catch-up (optimizers.py Adam._decayed_math, _AdamDrift, Adam._idle_l2) in
     float64: (offset, m, v, current or None), the yardstick of both float32 paths."""

@@ -66,6 +66,7 @@ def available() -> bool:
 
 # Every op the wrappers below call: a library that lacks one is not used.
 OPS = ("ctr_adam_catchup_apply", "ctr_adam_catchup_lookup", "ctr_adam_catchup_read",
+       "ctr_adam_dense",
        "ctr_bag_pool", "ctr_bag_pool_grad", "ctr_dice", "ctr_dice_grad", "ctr_dropout",
        "ctr_field_attention", "ctr_field_attention_grad", "ctr_fm", "ctr_fm_grad", "ctr_held",
        "ctr_outer_product", "ctr_outer_product_grad", "ctr_pair_product",
@@ -205,6 +206,17 @@ def adam_catchup_apply(var, moments, last_step, rows, grad, caught, step, lr, be
         var=var.handle, moments=moments.handle, last_step=last_step.handle, rows=rows,
         grad=grad, m=m, v=v, offset=offset, current=current, iterations=step, lr=lr,
         beta1=beta1, beta2=beta2, epsilon=epsilon, table_l2=table_l2)
+
+
+def adam_dense(var, m, v, grad, row_mask, lr, beta1, beta2, epsilon, l2):
+    """Adam's step on dense `var` in place with grad x row_mask + l2 x var as its gradient
+    (optimizers.py Adam._dense_with_terms); row_mask [rows] or None (every row); `lr` is
+    lr sqrt(1 - beta2^t) / (1 - beta1^t)."""
+    if row_mask is None:
+        row_mask = tf.zeros([0], tf.float32)
+    return _lib.ctr_adam_dense(var=var.handle, m=m.handle, v=v.handle, grad=grad,
+                               row_mask=row_mask, lr=lr, beta1=beta1, beta2=beta2,
+                               epsilon=epsilon, l2=l2)
 
 
 def dice(s, mask, alpha, moving_mean, moving_var, training: bool, eps: float):

@@ -13,6 +13,8 @@
 //   CtrAdamCatchupRead   the catch-up of Adam's skipped steps for the rows about to be read
 //                        (optimizers.py Adam._decayed_math, _AdamDrift, Adam._idle_l2)
 //   CtrAdamCatchupApply  Adam's step on those rows, in place (optimizers.py Adam._sparse)
+//   CtrAdamDense         Adam's step on a dense variable with its L2 and its held rows folded
+//                        into the gradient (optimizers.py Adam._dense_with_terms)
 //   CtrDice(Grad)        DIN's Dice activation, batch statistics and all, and its gradient
 //   CtrFieldAttention(Grad)  AutoInt's softmax attention over the fields per head, and its
 //                        gradient
@@ -104,6 +106,24 @@ bool MakeWritable(OpKernelContext* ctx, Var* var) {
   std::memcpy(copy.data(), t->data(), t->TotalBytes());
   *t = copy;
   var->copy_on_read_mode.store(true);
+  return true;
+}
+
+// Before an in-place dense write, as TensorFlow's dense training ops (PrepareToUpdateVariable):
+// a buffer a read still shares is copied first (copy on write), and the variable is NOT put in
+// copy-on-read mode, where every later read of it would copy the whole variable. Caller holds
+// the variable's lock.
+bool MakeWritableDense(OpKernelContext* ctx, Var* var) {
+  Tensor* t = var->tensor();
+  if (!var->copy_on_read_mode.load() && t->RefCountIsOne()) return true;
+  Tensor copy;
+  auto status = ctx->allocate_temp(t->dtype(), t->shape(), &copy);
+  if (!status.ok()) {
+    ctx->SetStatus(status);
+    return false;
+  }
+  std::memcpy(copy.data(), t->data(), t->TotalBytes());
+  *t = copy;
   return true;
 }
 
@@ -1076,6 +1096,98 @@ REGISTER_KERNEL_BUILDER(Name("CtrAdamCatchupApply")
                             .HostMemory("iterations")
                             .HostMemory("lr"),
                         AdamCatchupApply);
+
+// ---------------------------------------------------------------------------------------------
+// Adam's step on a dense variable [rows, width] in place, with what the model adds to its
+// gradient folded in (optimizers.py Adam._dense_with_terms): g = grad x row_mask + l2 x var,
+// the L2 of l2_dense (the gradient of l2 tf.nn.l2_loss(var)) and the MLP's first kernel's rows
+// held at zero (blocks.py MLP input_mask). TensorFlow ran these as four element-wise passes
+// over the kernel (the mask's product forward and back, L2's product, their sum) before
+// ResourceApplyAdam's own: here one pass does all. m and v as ResourceApplyAdam keeps them;
+// lr is lr sqrt(1 - beta2^t) / (1 - beta1^t).
+REGISTER_OP("CtrAdamDense")
+    .Input("var: resource")         // [rows, width]
+    .Input("m: resource")           // var's shape
+    .Input("v: resource")
+    .Input("grad: float")           // var's shape
+    .Input("row_mask: float")       // [rows]: 1 keeps a row's gradient, 0 holds the row; [0]: all
+    .Input("lr: float")
+    .Attr("beta1: float")
+    .Attr("beta2: float")
+    .Attr("epsilon: float")
+    .Attr("l2: float")
+    .SetIsStateful()   // writes variables and has no outputs: never pruned
+    .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); });
+
+class AdamDense : public OpKernel {
+ public:
+  explicit AdamDense(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta1", &beta1_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("beta2", &beta2_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("l2", &l2_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad_t = ctx->input(3);
+    const Tensor& mask_t = ctx->input(4);
+    const float lr = ctx->input(5).scalar<float>()();
+    tensorflow::core::RefCountPtr<Var> var, m_var, v_var;
+    if (!LookupVar(ctx, 0, &var) || !LookupVar(ctx, 1, &m_var) || !LookupVar(ctx, 2, &v_var))
+      return;
+    Locks locks({var.get(), m_var.get(), v_var.get()});
+    const Tensor& w_t = *var->tensor();
+    OP_REQUIRES(ctx, w_t.dtype() == tensorflow::DT_FLOAT && w_t.shape() == grad_t.shape() &&
+                         m_var->tensor()->shape() == w_t.shape() &&
+                         v_var->tensor()->shape() == w_t.shape(),
+                InvalidArgument("var, m, v and grad must be float32 of one shape, not ",
+                                w_t.shape().DebugString(), " and grad ",
+                                grad_t.shape().DebugString()));
+    const int64_t rows = w_t.dims() == 0 ? 1 : w_t.dim_size(0);
+    const int64_t width = rows == 0 ? 0 : w_t.NumElements() / rows;
+    const bool masked = mask_t.NumElements() > 0;
+    OP_REQUIRES(ctx, !masked || mask_t.NumElements() == rows,
+                InvalidArgument("row_mask must have one value per row of var (", rows,
+                                ") or none, not ", mask_t.NumElements()));
+    if (!MakeWritableDense(ctx, var.get()) || !MakeWritableDense(ctx, m_var.get()) ||
+        !MakeWritableDense(ctx, v_var.get()))
+      return;
+    float* w = var->tensor()->flat<float>().data();
+    float* m = m_var->tensor()->flat<float>().data();
+    float* v = v_var->tensor()->flat<float>().data();
+    const float* g = grad_t.flat<float>().data();
+    const float* mask = masked ? mask_t.flat<float>().data() : nullptr;
+    const float one_b1 = static_cast<float>(1 - static_cast<double>(beta1_));
+    const float one_b2 = static_cast<float>(1 - static_cast<double>(beta2_));
+    ParallelRows(ctx, rows, 12 * width, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t at = r * width;
+        AdamDenseRow(width, mask ? mask[r] : 1.0f, l2_, one_b1, one_b2, lr, epsilon_, g + at,
+                     w + at, m + at, v + at);
+      }
+    });
+  }
+
+  // One row: separate buffers (restrict), so the loop is vectorized. ResourceApplyAdam's own
+  // arithmetic: m += (g - m)(1 - beta1), v += (g^2 - v)(1 - beta2), w -= lr m / (sqrt v + eps).
+  static void AdamDenseRow(int64_t width, float keep, float l2, float one_b1, float one_b2,
+                           float lr, float eps, const float* __restrict g, float* __restrict w,
+                           float* __restrict m, float* __restrict v) {
+    for (int64_t j = 0; j < width; ++j) {
+      const float gj = keep * g[j] + l2 * w[j];
+      const float mj = m[j] + (gj - m[j]) * one_b1;
+      const float vj = v[j] + (gj * gj - v[j]) * one_b2;
+      m[j] = mj;
+      v[j] = vj;
+      w[j] -= lr * mj / (std::sqrt(vj) + eps);
+    }
+  }
+
+ private:
+  float beta1_, beta2_, epsilon_, l2_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("CtrAdamDense").Device(DEVICE_CPU).HostMemory("lr"), AdamDense);
 
 // ---------------------------------------------------------------------------------------------
 // Dice, DIN's activation (models/blocks.py Dice): out = s (alpha + (1 - alpha) p), p =

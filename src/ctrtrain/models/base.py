@@ -12,7 +12,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from .blocks import NumericLinear
+from .blocks import MLP, NumericLinear
 from .engine.dynamic import dynamic_ids
 from .engine.tables import EMBEDDING_INIT, EmbeddingTable, shards
 
@@ -145,6 +145,28 @@ class CTRModel(tf.Module):
     def dense_variables(self):
         own = [v for b in self.blocks for v in b.variables_to_update()]
         return [v for var in [self.bias] + own for v in shards(var)]
+
+    def gradient_terms(self) -> list:
+        """[(dense variable, row mask [rows, 1] or None, l2)]: what the optimizer adds to their
+        gradients in their update (engine/updates.py Optimizer.build's `terms`), where the
+        step leaves it out: the gradient of the L2 penalty __call__ returns (l2_dense), and
+        the first-order column's rows an MLP's first kernel holds at zero (blocks.MLP
+        input_mask: those rows start at zero and, their gradient masked, stay there, so the
+        forward pass multiplies by no mask either). A sharded kernel (parameter servers):
+        each shard with its rows of the mask."""
+        l2 = self.cfg.l2_dense or 0.0
+        terms = {id(k): [k, None, l2] for b in self.blocks for k in b.penalized()} if l2 else {}
+        for b in self.blocks:
+            if isinstance(b, MLP) and b.input_mask is not None:
+                terms.setdefault(id(b.kernels[0]), [b.kernels[0], None, 0.0])[1] = b.input_mask
+        out = []
+        for var, mask, l2 in terms.values():
+            start = 0
+            for shard in shards(var):
+                rows = shard.shape[0]
+                out.append((shard, None if mask is None else mask[start:start + rows], l2))
+                start += rows
+        return out
 
     def _keys(self, features):
         """The dynamic fields' columns of the batch's ids [B, dynamic fields]."""

@@ -108,9 +108,9 @@ class NumericLinear(tf.Module):
 class MLP(tf.Module):
     """Dense layers `units` (the last one linear, unless `linear_last` is False), ReLU,
     optional batch normalization and dropout after each hidden one. `input_mask` [width, 1]:
-    inputs held at zero in the first kernel (its initial values and every product), so a
-    model can feed the whole embedded block and the MLP still sees only the embeddings
-    (DeepFM: not the first-order column)."""
+    inputs whose rows of the first kernel start at zero and stay there (the optimizer masks
+    their gradient: CTRModel.gradient_terms), so a model can feed the whole embedded block
+    and the MLP still sees only the embeddings (DeepFM: not the first-order column)."""
 
     def __init__(self, width: int, units, rates=(), batch_norm: bool = False, seed: int = 0,
                  input_mask=None, mixed_precision: bool = False, xla: bool = False,
@@ -151,8 +151,8 @@ class MLP(tf.Module):
         dtype = tf.bfloat16 if self.mixed_precision else tf.float32
         h = tf.cast(h, dtype)
         for i, (kern, b) in enumerate(zip(self.kernels, self.biases)):
-            if i == 0 and self.input_mask is not None:
-                kern = kern * self.input_mask
+            # The first kernel's masked rows are zero (their gradient is masked in the
+            # optimizer's update: the model's gradient_terms), so no mask is applied here.
             z = tf.matmul(h, tf.cast(kern, dtype))
             if i < self.hidden and not self.bn:
                 h = relu_dropout(z, tf.cast(b, dtype), self.rates[i] if training else 0.0,

@@ -21,7 +21,7 @@ def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float,
     model = build_model(model_cfg)
     opt = make_optimizer(optimizer, learning_rate, **(optimizer_params or {}))
     variables = model.embedding_tables + model.dense_variables()
-    opt.build(variables, tables=model.embedding_tables)
+    opt.build(variables, tables=model.embedding_tables, terms=model.gradient_terms())
     replicas = runtime.replicas if runtime else 1
     # After a cross-replica reduction a table's gradient rows may repeat (one set per replica).
     unique = model.unique_gradients and replicas == 1
@@ -43,13 +43,16 @@ def build_training(model_cfg: ModelConfig, optimizer: str, learning_rate: float,
         if dynamic:
             batch = claim_rows(batch)
         with tf.GradientTape() as tape:
-            logits, l2 = model(batch, training=True, read_rows=opt.read_rows,
-                               keys_mapped=dynamic)
+            # The dense kernels' L2 penalty (the second value) is not differentiated here:
+            # its gradient is added in their update (model.gradient_terms), after the
+            # replicas' reduction, once.
+            logits, _ = model(batch, training=True, read_rows=opt.read_rows,
+                              keys_mapped=dynamic)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
                 labels=batch["label"], logits=logits))
-            # Inside the tape: the sum must be recorded to be differentiated. Divided by the
-            # replicas so that SUM-reduced gradients are those of the global batch's mean loss.
-            total = (loss + l2) / replicas
+            # Divided by the replicas so that SUM-reduced gradients are those of the global
+            # batch's mean loss.
+            total = loss / replicas
         grads = tape.gradient(total, variables)
         if runtime is not None:
             grads = runtime.reduce_gradients(grads)

@@ -99,6 +99,17 @@ class Adam(Optimizer):
                               lr=self.learning_rate, beta1=self.beta1, beta2=self.beta2,
                               epsilon=self.epsilon, grad=grad)
 
+    def _dense_with_terms(self, var, grad, row_mask, l2: float):
+        """In one pass of the fused kernel where it runs (kernels.adam_dense): the gradient's
+        terms and ResourceApplyAdam's step together."""
+        if not (kernels.usable_here() and var.dtype == tf.float32):
+            return super()._dense_with_terms(var, grad, row_mask, l2)
+        b1p, b2p = self._powers()
+        lr = self.learning_rate * tf.sqrt(1 - b2p) / (1 - b1p)    # as ResourceApplyAdam's
+        kernels.adam_dense(var, self.slot(var, "m"), self.slot(var, "v"), grad,
+                           None if row_mask is None else tf.reshape(row_mask, [-1]), lr,
+                           self.beta1, self.beta2, self.epsilon, l2)
+
     def _caught_up(self, var, rows, settle: bool = False):
         """The rows' moments after the steps they skipped, what to subtract from the stored
         rows to bring them there (0 in lazy mode), and the rows then (None: not needed)."""

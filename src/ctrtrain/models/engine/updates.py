@@ -90,9 +90,15 @@ class Optimizer(tf.Module):
         """The learning rate now (a tensor: read at every step)."""
         return self.base_learning_rate * self.lr_scale
 
-    def build(self, variables, tables=()):
+    def build(self, variables, tables=(), terms=()):
         """Creates the slots of each variable (call inside the strategy's scope if any).
-        `tables`: the embedding tables (or table shards) among them (updated per table_updates)."""
+        `tables`: the embedding tables (or table shards) among them (updated per table_updates).
+        `terms`: (variable, row mask [rows, 1] or None, l2) of dense variables whose gradient
+        the update makes grad x row_mask + l2 x variable (the model's gradient_terms): after
+        the replicas' reduction, in the update's own pass where the optimizer has a kernel
+        for it (Adam), instead of element-wise passes of the step's own."""
+        # past tf.Module's attribute tracking, as _pending: constants, never checkpointed
+        object.__setattr__(self, "_terms", {id(v): (mask, l2) for v, mask, l2 in terms})
         table_ids = {id(t) for t in tables}
         for var in variables:
             self._index[id(var)] = len(self.slots)
@@ -141,11 +147,26 @@ class Optimizer(tf.Module):
                 g = tf.convert_to_tensor(g)
                 if self.table_l2 and self._among_tables(v):
                     g = g + self.table_l2 * v
-                self._dense(v, g)
+                terms = self._terms.get(id(v))
+                if terms is None:
+                    self._dense(v, g)
+                else:
+                    self._dense_with_terms(v, g, *terms)
                 continue
             self._sparse(v, values, rows)
         self._pending.clear()
         self._reuse = False
+
+    def _dense_with_terms(self, var, grad, row_mask, l2: float):
+        """The dense update with grad x row_mask + l2 x var as the gradient (build's `terms`).
+        Computed beside the variable: under parameter servers the variable is not read across
+        the network a second time (the gradient goes there for the update anyway)."""
+        with tf.device(var.device):
+            if row_mask is not None:
+                grad = grad * row_mask
+            if l2:
+                grad = grad + l2 * var
+        self._dense(var, grad)
 
     def reset_rows(self, var, rows):
         """A table's `rows` given to new ids (a dynamic field's, models/engine/dynamic.py):
