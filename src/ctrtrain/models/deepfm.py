@@ -11,8 +11,9 @@ follows the embeddings in the MLP's input. Wide & Deep, DCN-v2, xDeepFM, AutoInt
 it the same way.
 
 w and V share the table (column 0 is w: engine/tables.py). The MLP reads the whole
-[B, F, 1 + k] block through a first kernel whose rows facing column 0 (w) are held at zero by a
-constant mask, so the deep part sees exactly the embeddings, as in DeepFM, and nothing slices
+[B, F, 1 + k] block through a first kernel whose rows facing column 0 (w) are held at zero (they
+start at zero and the optimizer masks their gradient: CTRModel.gradient_terms), so the deep part
+sees exactly the embeddings, as in DeepFM, and nothing slices
 the block by column (the gradients of such slices cost more than the FM itself). DeepFM has no
 attention: a sequence field is pooled as its declaration says, like a multi_hot one.
 """
