@@ -42,4 +42,6 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    from ctrtrain.shutdown import end_process
     main(sys.argv[1:])
+    end_process(0)
