@@ -7,8 +7,9 @@ job (`python -m ctrtrain.launch.forkserver`) that imports them once; each of the
 processes that runs a ctrtrain module (`python -m ctrtrain...`) is then a fork of it: the child
 enters its simulated host's namespaces (network, mount, UTS: what `nsenter` does), takes its
 own environment, working directory, process group and output pipe, and runs the module as
-`python -m` would (runpy, `__main__`, its arguments in sys.argv). Its end is a normal
-interpreter exit (the process's own atexit handlers, TensorFlow's cluster shutdown barrier).
+`python -m` would (runpy, `__main__`, its arguments in sys.argv). Its end is the module's own
+(ctrtrain's commands and recipe end through shutdown.end_process; any other module with a
+normal interpreter exit, its atexit handlers run).
 
 What a fork inherits that a new process would not have: the imported modules (nothing of
 TensorFlow's runtime: the server runs no op, so its thread pools, eager context and servers are
@@ -362,7 +363,11 @@ def main() -> None:
     import tensorflow  # noqa: F401
     child = _serve(sock)
     if child is None:
-        sys.exit(0)
+        # The job is over: TensorFlow here was imported, never run, and the interpreter's
+        # teardown of it (about 0.5 CPU-s) would write nothing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     child()
 
 
