@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import ctrtrain_here, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,8 @@ def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
     # The export is named after the step of the model it holds, the only version there.
     assert [d.name for d in (md / "export").iterdir()] == [str(best_step)]
     # The export's predictions of the test split are the best model's.
-    run_cli("predict", "--model", md / "export", "--input", small / "test",
-            "--out", tmp_path / "p.csv")
+    ctrtrain_here("predict", "--model", md / "export", "--input", small / "test",
+                  "--out", tmp_path / "p.csv")
     from ctrtrain.metrics import roc_auc
     rows = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)
     assert roc_auc(rows[:, 2], rows[:, 1]) == pytest.approx(res["test"]["auc"], abs=1e-6)

@@ -590,6 +590,40 @@ def test_unknown_framework_version_is_refused_by_name(tmp_path):
     assert "framework_version: '3.1x' is not a TensorFlow 2 release such as 2.21" in r.stderr
 
 
+def test_an_images_probe_is_kept_until_its_packages_change(tmp_path, monkeypatch):
+    """A venv's probe (its TensorFlow, toolkit and Horovod, read by running its Python) is kept
+    in the image cache and read back while the venv's interpreter and site-packages are as
+    they were; a package installed (its .dist-info added to site-packages) is probed again."""
+    import subprocess
+    import sys
+
+    from ctrtrain.launch import images
+    monkeypatch.setenv("CTRTRAIN_CACHE", str(tmp_path / "cache"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+
+    def install(name, version):     # the metadata pip leaves for a distribution
+        d = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        d.mkdir()
+        (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    install("tensorflow-cpu", "2.99.0")
+    python = str(venv / "bin" / "python")
+    images.probe.cache_clear()
+    assert (images.probe(python).tensorflow, images.probe(python).horovod) == ("2.99.0", None)
+    kept = tmp_path / "cache" / "images" / ".probes.json"
+    probes = json.loads(kept.read_text())
+    probes[python]["tensorflow"] = "2.98.0"     # what is read back is the kept answer
+    kept.write_text(json.dumps(probes))
+    images.probe.cache_clear()
+    assert images.probe(python).tensorflow == "2.98.0"
+    install("horovod", "0.28.1")
+    images.probe.cache_clear()
+    assert (images.probe(python).tensorflow, images.probe(python).horovod) == ("2.99.0", "0.28.1")
+    assert run_cli("images", "list", env={"CTRTRAIN_CACHE": str(tmp_path / "cache")}).returncode == 0
+    images.probe.cache_clear()
+
+
 @pytest.mark.slow
 def test_horovod_two_hosts_two_processes_have_per_host_local_ranks(tmp_path):
     """ctrtrain's own horovod mode (horovodrun, Gloo) across two simulated hosts: ranks see

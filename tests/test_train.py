@@ -297,7 +297,9 @@ def test_batch_and_width_auto_follow_the_training_rows(tmp_path):
 @pytest.mark.slow
 @pytest.mark.tf215
 def test_criteo_sample_raw_to_prediction(shared, tmp_path):
-    """Real rows: raw Criteo TSV -> split -> featurize -> convert -> train -> predict raw rows."""
+    """Real rows: raw Criteo TSV -> split -> featurize -> convert -> train -> predict raw rows.
+    The data tools run as the command (no TensorFlow in them); training and prediction in this
+    process (`cli`): a new process would add only TensorFlow's import, three times."""
     src = shared / "criteo_head1000" / "train.txt"
     run_cli("data", "split", src, "--out", tmp_path / "split", "--by", "order",
             "--fractions", "0.8,0.0,0.2")
@@ -307,17 +309,18 @@ def test_criteo_sample_raw_to_prediction(shared, tmp_path):
             "--vocab", tmp_path / "f-train" / "vocab.json")
     run_cli("data", "convert", tmp_path / "f-train", "--out", tmp_path / "tf-train", "--shards", 2)
     run_cli("data", "convert", tmp_path / "f-test", "--out", tmp_path / "tf-test", "--shards", 1)
-    run_cli("train", "--train", tmp_path / "tf-train", "--test", tmp_path / "tf-test", "--model-dir",
-            tmp_path / "m", "--batch-size", "64", "--epochs", "5", "--quiet")
+    ctrtrain_here("train", "--train", tmp_path / "tf-train", "--test", tmp_path / "tf-test",
+                  "--model-dir", tmp_path / "m", "--batch-size", "64", "--epochs", "5", "--quiet")
     r = json.loads((tmp_path / "m" / "result.json").read_text())
     assert r["test"]["examples"] == 200
     raw_test = tmp_path / "split" / "test.txt"
-    run_cli("predict", "--model", tmp_path / "m" / "export", "--input", raw_test, "--out", tmp_path / "p.csv")
+    ctrtrain_here("predict", "--model", tmp_path / "m" / "export", "--input", raw_test,
+                  "--out", tmp_path / "p.csv")
     lines = (tmp_path / "p.csv").read_text().splitlines()
     assert len(lines) == 201
     # The same rows through the featurized TFRecords give the same probabilities.
-    run_cli("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "tf-test",
-            "--out", tmp_path / "p2.csv")
+    ctrtrain_here("predict", "--model", tmp_path / "m" / "export", "--input", tmp_path / "tf-test",
+                  "--out", tmp_path / "p2.csv")
     assert lines == (tmp_path / "p2.csv").read_text().splitlines()
 
 

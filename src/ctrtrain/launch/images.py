@@ -108,10 +108,19 @@ def candidates() -> list[str]:
 def probe(python: str) -> Image | None:
     if not os.path.exists(python):
         return None
-    r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
-        return None
-    d = json.loads(r.stdout)
+    key = _probe_key(python)
+    kept = cache_dir("images") / ".probes.json"
+    try:
+        d = json.loads(kept.read_text()).get(python) if key else None
+    except (OSError, ValueError):
+        d = None
+    if d is None or d.get("key") != key:
+        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            return None
+        d = {**json.loads(r.stdout), "key": key}
+        if key:
+            _keep_probe(kept, python, d)
     if not d["tensorflow"]:
         return None
     # The venv's own python path (not the interpreter it links to): its bin/ holds pip and
@@ -119,6 +128,39 @@ def probe(python: str) -> Image | None:
     keys = tuple(d["training_env_keys"]) if d["training_env_keys"] else None
     return Image(python, d["prefix"], d["python"], d["tensorflow"], d["toolkit"], d["horovod"],
                  keys, d["pipemode"])
+
+
+def _probe_key(python: str) -> list | None:
+    """What a venv's probe depends on, read without running it: its interpreter, and the
+    directories installing or removing a package rewrites (site-packages, where each
+    distribution's .dist-info lies: a new version renames it). None for a Python that is not
+    a venv of its own (its packages may lie elsewhere): probed every time. A probe runs the
+    image's Python and imports the toolkit, about 0.2 CPU-s a launch."""
+    prefix = Path(python).parent.parent
+    try:
+        cfg = (prefix / "pyvenv.cfg").read_text()
+        if re.search(r"include-system-site-packages\s*=\s*true", cfg, re.I):
+            return None
+        sites = sorted(prefix.glob("lib/python*/site-packages"))
+        return [[str(p), os.stat(p).st_mtime_ns] for p in [Path(python), *sites]] if sites \
+            else None
+    except OSError:
+        return None
+
+
+def _keep_probe(kept: Path, python: str, found: dict) -> None:
+    """Adds a probe to the cache file (written whole, then renamed: a reader never sees half)."""
+    try:
+        probes = json.loads(kept.read_text())
+    except (OSError, ValueError):
+        probes = {}
+    probes[python] = found
+    tmp = kept.with_name(f"{kept.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(probes))
+        os.replace(tmp, kept)
+    except OSError:
+        tmp.unlink(missing_ok=True)   # a read-only cache: probed again next time
 
 
 def find_image(framework_version: str, py_version: str | None = None) -> Image:
