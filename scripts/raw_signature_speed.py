@@ -21,8 +21,7 @@ from ctrtrain.train.export import latest_export
 def main(export: str, raw: str, rows: int = 1000) -> None:
     path = latest_export(export)
     schema = json.load(open(f"{path}/assets.extra/vocab.json"))["schema"]
-    columns = [c for c in schema["numeric"] + schema["categorical"] + schema["multi_hot"]
-               + schema["sequence"]]
+    columns = schema["numeric"] + schema["categorical"] + schema["multi_hot"] + schema["sequence"]
     with open(raw, newline="") as f:
         if raw.endswith(".csv"):
             table = list(csv.DictReader(f))
