@@ -104,6 +104,26 @@ def test_a_finished_run_beats_through_its_exit_for_a_bounded_time(tmp_path, monk
     assert heartbeat.age(str(beat)) >= 1.5            # and then stopped
 
 
+def test_a_process_waiting_on_its_peers_beats_until_it_stops_waiting(tmp_path, monkeypatch):
+    """A rank at the job's end waits for the others (shutdown.end_process): it beats while it
+    waits, past the bounded beats of its run's end, and not after."""
+    from ctrtrain import heartbeat
+    beat = tmp_path / "heartbeat"
+    monkeypatch.setenv(heartbeat.ENV, str(beat))
+    seen = set()
+    with heartbeat.waiting():
+        until = time.monotonic() + 2.6
+        while time.monotonic() < until:
+            if beat.exists():
+                seen.add(beat.stat().st_mtime_ns)
+            time.sleep(0.05)
+    assert len(seen) >= 2                              # beat, and beat again
+    time.sleep(0.1)
+    last = beat.stat().st_mtime_ns
+    time.sleep(1.5)
+    assert beat.stat().st_mtime_ns == last             # and stopped with the block
+
+
 def test_a_jobs_processes_get_the_commands_verbosity(monkeypatch):
     from ctrtrain.tf_start import VERBOSE, child_log_env, set_verbose
     for name in (VERBOSE, "TF_CPP_MIN_LOG_LEVEL"):   # set first: restored after the test

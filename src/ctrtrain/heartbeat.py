@@ -6,6 +6,7 @@ process that stops stepping (hung, SIGSTOPped) is, however chatty its threads.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -48,6 +49,27 @@ def finishing(limit_s: float = 60.0) -> None:
             time.sleep(_INTERVAL_S)
 
     threading.Thread(target=beating, daemon=True, name="ctrtrain-finishing").start()
+
+
+@contextlib.contextmanager
+def waiting():
+    """Beats once a second, from a daemon thread, while the block runs: a process waiting on
+    its peers (a rank at the job's end, shutdown.py) is alive, not hung, however long a peer
+    takes; the block's end stops it."""
+    if not os.environ.get(ENV):
+        yield
+        return
+    done = threading.Event()
+
+    def beating():
+        beat(force=True)
+        while not done.wait(_INTERVAL_S):
+            beat(force=True)
+    threading.Thread(target=beating, daemon=True, name="ctrtrain-waiting").start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def age(path: str) -> float | None:
