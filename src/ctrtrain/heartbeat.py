@@ -65,11 +65,13 @@ def waiting():
         beat(force=True)
         while not done.wait(_INTERVAL_S):
             beat(force=True)
-    threading.Thread(target=beating, daemon=True, name="ctrtrain-waiting").start()
+    thread = threading.Thread(target=beating, daemon=True, name="ctrtrain-waiting")
+    thread.start()
     try:
         yield
     finally:
         done.set()
+        thread.join()     # no beat after the block: a process hung after it is seen
 
 
 def age(path: str) -> float | None:
