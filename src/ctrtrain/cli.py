@@ -1252,6 +1252,8 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The `ctrtrain` command: main(), then the process ends."""
     from .shutdown import end_process
+    from .tf_start import own_process
+    own_process()
     end_process(main())
 
 

@@ -359,7 +359,9 @@ def _child(request: dict, out: int, err: int | None = None) -> None:
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     # The package's import (as this module's parent) installed its hooks: TensorFlow's banner
-    # filtered, Keras on first use.
+    # filtered, Keras on first use, its objects frozen after the import (tf_start).
+    from ..tf_start import own_process
+    own_process()
     import tensorflow  # noqa: F401
     child = _serve(sock)
     if child is None:

@@ -117,4 +117,6 @@ def recipe_config(env, hps: dict):
 
 if __name__ == "__main__":
     from ..shutdown import end_process
+    from ..tf_start import own_process
+    own_process()
     end_process(main())
