@@ -104,6 +104,24 @@ def test_a_finished_run_beats_through_its_exit_for_a_bounded_time(tmp_path, monk
     assert heartbeat.age(str(beat)) >= 1.5            # and then stopped
 
 
+def test_tensorflows_objects_are_frozen_in_ctrtrains_processes_only():
+    """TensorFlow imports with the garbage collector paused: a user's program that imported
+    ctrtrain gets the collector back as it had it (on, or off) with nothing frozen; one of
+    ctrtrain's own processes (tf_start.own_process) has TensorFlow's objects frozen."""
+    import subprocess
+    probe = ("import gc, sys; {before}import ctrtrain.tf_start as t; {own}import tensorflow; "
+             "print(gc.isenabled(), gc.get_freeze_count())")
+    def run(before="", own=""):
+        r = subprocess.run([sys.executable, "-c", probe.format(before=before, own=own)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        on, frozen = r.stdout.split()
+        return on == "True", int(frozen)
+    assert run() == (True, 0)
+    on, frozen = run(before="gc.disable(); ", own="t.own_process(); ")
+    assert not on and frozen > 100_000
+
+
 def test_a_process_waiting_on_its_peers_beats_until_it_stops_waiting(tmp_path, monkeypatch):
     """A rank at the job's end waits for the others (shutdown.end_process): it beats while it
     waits, past the bounded beats of its run's end, and not after."""
