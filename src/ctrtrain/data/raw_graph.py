@@ -32,7 +32,7 @@ import tensorflow as tf
 # are refused there too.
 NUMBER = r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*"
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-KEY_SEP = "\x00"      # between a column's name and its value in the vocabulary table's keys
+KEY_SEP = "\x00"      # between a column's name and its value: the table's keys, the hashed ones
 
 
 def _crc32_table() -> np.ndarray:
@@ -103,17 +103,22 @@ class RawGraph(tf.Module):
                 tf.constant(keys, tf.string), tf.constant(ranks, tf.int64)), default_value=0)
 
     def _ids(self, col: str, values):
-        """A multi-valued column's ids of `values` (strings, any shape): base + 1-based rank
-        in its (or its shared column's) vocabulary, 0 when unknown. In hash mode: declared
-        fields the strings themselves (training's parser hashes them); the fixed schema
-        featurize's crc32 of `column NUL value` into the column's buckets."""
+        """A multi-valued column's ids of `values` (strings, any shape): base + _found. In
+        hash mode with declared fields the strings themselves (training's parser hashes them)."""
+        if self.vocab.mode == "hash" and self.vocab.declared:
+            return values
+        return self._base[col] + self._found([col], values)
+
+    def _found(self, cols: list, values):
+        """Each value's bucket (hash mode: featurize's crc32 of `column NUL value`) or 1-based
+        rank in its column's (or shared column's) vocabulary, 0 when unknown; `values`' last
+        axis holds one column of `cols` each, or, for one column, any shape."""
         if self.vocab.mode == "hash":
-            if self.vocab.declared:
-                return values
-            return self._base[col] + crc32(tf.constant(col + "\x00") + values) % \
+            keyed = tf.constant([c + KEY_SEP for c in cols]) + values
+            return tf.reshape(crc32(tf.reshape(keyed, [-1])), tf.shape(keyed)) % \
                 self.vocab.hash_buckets
-        owner = self.vocab.schema.shared.get(col, col)
-        return self._base[col] + self._ranks.lookup(tf.constant(owner + KEY_SEP) + values)
+        owners = [self.vocab.schema.shared.get(c, c) for c in cols]
+        return self._ranks.lookup(tf.constant([o + KEY_SEP for o in owners]) + values)
 
     # The single-valued columns go through the ops below all at once, [B, columns]: one op of
     # each kind instead of one per column (Criteo's 13 numeric and 26 categorical columns: the
@@ -125,14 +130,7 @@ class RawGraph(tf.Module):
         values = tf.stack([cells[c] for c in cols], 1)
         if self.vocab.mode == "hash" and self.vocab.declared:
             return values
-        if self.vocab.mode == "hash":
-            keyed = tf.constant([c + "\x00" for c in cols]) + values
-            found = tf.reshape(crc32(tf.reshape(keyed, [-1])), tf.shape(keyed)) % \
-                self.vocab.hash_buckets
-        else:
-            owners = [self.vocab.schema.shared.get(c, c) for c in cols]
-            found = self._ranks.lookup(tf.constant([o + KEY_SEP for o in owners]) + values)
-        return tf.constant([self._base[c] for c in cols], tf.int64) + found
+        return tf.constant([self._base[c] for c in cols], tf.int64) + self._found(cols, values)
 
     def _numeric(self, cols: list, cells: dict):
         """scale_numeric of numeric columns' cells, [B, len(cols)] float32."""
