@@ -45,7 +45,7 @@ def synth_data(tmp_path_factory):
 @pytest.fixture(scope="session")
 def single(synth_data, tmp_path_factory):
     """single[batch, epochs]: single-process DeepFM runs (result.json) on test_distributed.py's
-    data, the baselines of the distributed and fault tests, each launched once per session."""
+    data, the baselines of the distributed and fault tests, each trained once per session."""
     from test_distributed import DATA, SingleBaselines
     return SingleBaselines(synth_data(**DATA)[0] / "tf", tmp_path_factory)
 

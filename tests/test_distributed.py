@@ -70,7 +70,7 @@ def launch(tmp_path, example, data, python=sys.executable, sharded=False, runs=N
 
 
 class SingleBaselines(dict):
-    """Single-process runs on DATA by (global batch, epochs), each launched on first use and
+    """Single-process runs on DATA by (global batch, epochs), each trained on first use and
     shared by this file and test_faults.py (conftest's `single` fixture), once per session."""
 
     def __init__(self, data: Path, tmp_path_factory):
@@ -84,9 +84,15 @@ class SingleBaselines(dict):
         return self[key]
 
     def _baseline(self, directory: Path, batch: int, epochs: int) -> dict:
-        hp = {"epochs": epochs, "batch_size": batch}
+        """`ctrtrain train` in this process, as the deepfm-single example's job would train
+        (its learning rate, this file's embedding width): what one process learns does not
+        depend on a launch around it (test_fields.py holds the recipe on a host to the command)."""
+        from conftest import ctrtrain_here
+        args = ["--train", self.data / "train", "--test", self.data / "test", "--epochs", epochs,
+                "--batch-size", batch, "--embedding-size", 16, "--learning-rate", 0.001]
         if (batch, epochs) != PS_BASELINE:
-            return launch(directory, "deepfm-single", self.data, hyperparameters=hp)[0]
+            ctrtrain_here("train", *args, "--model-dir", directory / "model")
+            return json.loads((directory / "model" / "result.json").read_text())
         # Parameter servers update the table sparsely (table_updates auto: catchup); their
         # baseline does the same, so that the comparison is of the asynchrony alone. Their
         # runs are not repeatable (asynchronous updates), and one seed's single-process AUC on
@@ -94,10 +100,10 @@ class SingleBaselines(dict):
         # 0.7873): they are compared with the mean of three seeds.
         runs = []
         for seed in range(3):
-            (directory / f"s{seed}").mkdir()
-            runs.append(launch(directory / f"s{seed}", "deepfm-single", self.data,
-                               hyperparameters={**hp, "table_updates": "catchup",
-                                                "seed": seed})[0])
+            md = directory / f"s{seed}"
+            ctrtrain_here("train", *args, "--table-updates", "catchup", "--seed", seed,
+                          "--model-dir", md)
+            runs.append(json.loads((md / "result.json").read_text()))
         mean = sum(r["test"]["auc"] for r in runs) / len(runs)
         return {**runs[0], "test": {**runs[0]["test"], "auc": mean}}
 
