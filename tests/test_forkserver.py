@@ -4,13 +4,16 @@ directory, process group, output and exit status -- and anything else starts as 
 The jobs of every mode (test_distributed.py, test_models.py, test_faults.py, ...) run their
 servers and trainers this way, in simulated hosts' namespaces too."""
 
+import json
 import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
+from ctrtrain.launch import forkserver
 from ctrtrain.launch.supervisor import Supervisor
 
 pytestmark = pytest.mark.slow
@@ -57,7 +60,7 @@ def test_forked_processes_keep_their_environment_directory_group_and_exit_status
     louder = sup.start("louder", [py, "-m", "ctrtrain.cli", "data", "--help"],
                        {**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
     try:
-        server = sup.forks.server_pid
+        server = sup.forks.server_pids[0]
         _wait_for_line(serving, f"tf.data service dispatcher on grpc://localhost:{port}")
         assert _parent(serving.proc.pid) == server != os.getpid()
         assert os.getpgid(serving.proc.pid) == serving.proc.pid     # its own group
@@ -72,7 +75,7 @@ def test_forked_processes_keep_their_environment_directory_group_and_exit_status
         assert serving.proc.wait(timeout=30) == -signal.SIGKILL     # as subprocess says it
     finally:
         sup._teardown()
-    assert sup.forks.server_pid is None     # the fork server ended with the job
+    assert sup.forks.server_pids == []     # the fork server ended with the job
 
 
 def test_a_fork_server_that_dies_takes_its_children_and_says_so(tmp_path):
@@ -88,7 +91,7 @@ def test_a_fork_server_that_dies_takes_its_children_and_says_so(tmp_path):
     try:
         _wait_for_line(serving, "tf.data service dispatcher on")
         assert trainer.proc.wait(timeout=60) == 0
-        os.kill(sup.forks.server_pid, signal.SIGKILL)
+        os.kill(sup.forks.server_pids[0], signal.SIGKILL)
         assert serving.proc.wait(timeout=30) == -signal.SIGKILL
         outcome = sup.wait()
         assert not outcome.ok and outcome.reason == "dispatcher exited with status -9"
@@ -147,3 +150,50 @@ def test_benchmark_runs_are_forked_with_stdout_and_stderr_apart(tmp_path):
     assert forks.server_pid is None and runner._forks is None     # ended with the block
     from ctrtrain.launch.supervisor import _state
     assert _state(server) in ("gone", "exited")
+
+
+def test_the_toolkits_entry_forked_runs_the_script_as_a_new_entry_would(tmp_path):
+    """A framework image's host entry (SageMaker's training toolkit, `python -m
+    sagemaker_training.cli.train`) forks from a plain server of the image's Python, which
+    imported TensorFlow as the toolkit's TensorFlow module does (by this file's path: an image
+    need not have ctrtrain). Run on the same /opt/ml tree (SAGEMAKER_BASE_DIR, read as the
+    toolkit imports) as a new process and forked: the same command for the user's script, the
+    same environment and PYTHONPATH given to it (the toolkit makes it of its own sys.path), the
+    script's output, and the exit status."""
+    import re
+    import subprocess
+    ml = tmp_path / "ml"
+    (ml / "input" / "config").mkdir(parents=True)
+    (ml / "code").mkdir()
+    (ml / "code" / "fit.py").write_text(
+        "import os, sys\nprint('fit on', os.environ['SM_CURRENT_HOST'], sys.argv[1:])\n")
+    for name, value in {"hyperparameters": {"sagemaker_program": '"fit.py"', "epochs": "2"},
+                        "resourceconfig": {"current_host": "localhost", "hosts": ["localhost"]},
+                        "inputdataconfig": {}}.items():
+        (ml / "input" / "config" / f"{name}.json").write_text(json.dumps(value))
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": os.environ["HOME"],
+           "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "SAGEMAKER_BASE_DIR": str(ml),
+           "SAGEMAKER_TRAINING_MODULE": "sagemaker_tensorflow_container.training:main"}
+    cmd = [sys.executable, "-m", "sagemaker_training.cli.train"]
+
+    def told(out: str) -> list[str]:    # the toolkit's lines but their times
+        return [re.sub(r"^\d{4}-\d\d-\d\d [\d:,]+ ", "", line) for line in out.splitlines()
+                if not line.startswith(("WARNING: All log", "I0000"))]
+    new = subprocess.run(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=120)
+    sup = Supervisor(tmp_path / "logs", console=False)
+    try:
+        m = sup.start("algo-1/train", cmd, env, cwd=str(tmp_path))
+        server = sup.forks.server_pids[0]
+        assert _parent(m.proc.pid) == server
+        with open(f"/proc/{server}/cmdline") as f:
+            assert f.read().split("\0")[1:4:2] == [
+                str(Path(forkserver.__file__).resolve()), "tensorflow"]
+        code = m.proc.wait(timeout=120)
+        m.pump.join(timeout=30)
+    finally:
+        sup._teardown()
+    forked = (tmp_path / "logs" / "algo-1-train.log").read_text()
+    assert code == new.returncode
+    assert "fit on localhost ['--epochs', '2']" in forked
+    assert told(forked) == told(new.stdout), forked

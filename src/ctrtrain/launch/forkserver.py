@@ -16,9 +16,17 @@ TensorFlow's runtime: the server runs no op, so its thread pools, eager context 
 made in the child, with the child's environment), and the server's Python-level state at import
 (`random` reseeds itself in a child). Only a command that runs a `ctrtrain.` module with this
 interpreter and the same environment for what is read at import (PYTHON*, TensorFlow's C++
-logging and oneDNN switches, ctrtrain's import hooks) is forked; anything else -- a user's
-script or module, another image's Python, a coverage run -- starts as a new process, as before.
+logging and oneDNN switches, Keras's home, ctrtrain's import hooks) is forked; anything else --
+a user's script or module, a coverage run -- starts as a new process, as before.
 `CTRTRAIN_FORK_SERVER=0` turns forking off.
+
+A framework image job's hosts each start SageMaker's training toolkit (`python -m
+sagemaker_training.cli.train`, framework.py), whose TensorFlow container module imports
+TensorFlow (about 4.5 CPU-s with Keras) before it runs the user's script as a new process. Those
+entries fork from a *plain* server of the image's own Python, run by this file's path (the image
+need not have ctrtrain): it imports TensorFlow as the entry would (Keras with it) and nothing of
+the toolkit, whose modules read the host's environment at import. The user's script is still
+the toolkit's own new process: only the entry, whose own code is the toolkit's, is a fork.
 
 Protocol (a SOCK_SEQPACKET socket pair, one JSON message a datagram): the supervisor sends
 {"module", "args", "env", "cwd", "enter"} with the child's output pipe as a passed descriptor
@@ -49,7 +57,8 @@ _MAX_MESSAGE = 1 << 20
 # whose value differs from the server's must import them itself (a new process).
 _IMPORT_TIME = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE",
                 "TF_ENABLE_ONEDNN_OPTS", "TF_USE_LEGACY_KERAS", "LD_PRELOAD",
-                "LD_LIBRARY_PATH", "CTRTRAIN_VERBOSE", "CTRTRAIN_TF_KERAS")
+                "LD_LIBRARY_PATH", "CTRTRAIN_VERBOSE", "CTRTRAIN_TF_KERAS", "KERAS_BACKEND",
+                "KERAS_HOME", "HOME")
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
 
 
@@ -58,18 +67,27 @@ def _import_env(env: dict) -> dict:
             if k.startswith("PYTHON") or k.startswith("COVERAGE") or k in _IMPORT_TIME}
 
 
-def forkable(cmd: list[str], env: dict) -> str | None:
-    """The ctrtrain module `cmd` runs with this interpreter (`python -m ctrtrain.X ...`), or
-    None where it must start as a new process."""
-    if env.get(OFF, os.environ.get(OFF)) == "0" or len(cmd) < 3:
-        return None
-    if cmd[1] != "-m" or not (cmd[2] == "ctrtrain" or cmd[2].startswith("ctrtrain.")):
-        return None
-    if os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+# Modules of other packages forked from a plain server, with what it imports first: the
+# toolkit's entry on a framework image's host (see above).
+PLAIN = {"sagemaker_training.cli.train": ("tensorflow",)}
+
+
+def forkable(cmd: list[str], env: dict) -> tuple[str, tuple[str, ...] | None] | None:
+    """(the module `cmd` runs as `python -m MODULE ...`, what a plain server imports first, or
+    None for ctrtrain's own server), or None where it must start as a new process: a ctrtrain
+    module with this interpreter, or one of PLAIN's with any."""
+    if env.get(OFF, os.environ.get(OFF)) == "0" or len(cmd) < 3 or cmd[1] != "-m":
         return None
     if any(k.startswith("COVERAGE") for k in env):   # coverage patches new processes only
         return None
-    return cmd[2]
+    module = cmd[2]
+    if module in PLAIN:
+        return module, PLAIN[module]
+    if not (module == "ctrtrain" or module.startswith("ctrtrain.")):
+        return None
+    if os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+        return None
+    return module, None
 
 
 class ForkedProcess:
@@ -131,10 +149,14 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """The supervisor's side: starts the server on first use, forks children through it."""
+    """The supervisor's side: starts the server on first use, forks children through it.
+    `python` and `preload`: a plain server's (PLAIN); by default ctrtrain's own, in this
+    interpreter."""
 
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, python: str | None = None,
+                 preload: tuple[str, ...] | None = None):
         self.log_path = Path(log_path)
+        self.python, self.preload = python or sys.executable, preload
         self.changed = threading.Condition()
         self._codes: dict[int, int] = {}
         self._pids: set[int] = set()       # every child forked
@@ -146,14 +168,16 @@ class ForkServer:
         self._gone = False
 
     def can_fork(self, cmd: list[str], env: dict) -> str | None:
-        """The module to fork for `cmd`, or None: not forkable, or the server (started with
-        another import-time environment, or no longer running) cannot."""
-        module = forkable(cmd, env)
-        if module is None or self._gone:
+        """The module to fork for `cmd`, or None: not forkable by this server, or the server
+        (started with another import-time environment, or no longer running) cannot."""
+        found = forkable(cmd, env)
+        if found is None or found[1] != self.preload or self._gone:
+            return None
+        if os.path.realpath(cmd[0]) != os.path.realpath(self.python):
             return None
         if self._env is not None and _import_env(env) != self._env:
             return None
-        return module
+        return found[0]
 
     def spawn(self, module: str, args: list[str], env: dict, cwd: str | None,
               enter: int | None, stderr: bool = False) -> ForkedProcess:
@@ -209,9 +233,13 @@ class ForkServer:
     def _start(self, env: dict) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.preload is None:
+            cmd, cwd = [self.python, "-m", "ctrtrain.launch.forkserver"], None
+        else:   # by path, from / (its sys.path[0] while it imports, as `python -m` there)
+            cmd, cwd = [self.python, str(Path(__file__).resolve())], "/"
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "ctrtrain.launch.forkserver", str(theirs.fileno())],
+                [*cmd, str(theirs.fileno()), *(self.preload or ())], cwd=cwd,
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 pass_fds=[theirs.fileno()], preexec_fn=_die_with_parent)
         theirs.close()
@@ -248,6 +276,40 @@ class ForkServer:
                 else:
                     self._answers.append(msg)
                 self.changed.notify_all()
+
+
+class ForkServers:
+    """A job's fork servers, each started on first use: ctrtrain's own, and a plain one for
+    each framework image's Python its hosts run the toolkit with."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = Path(log_dir)
+        self._servers: dict[tuple, ForkServer] = {}
+
+    def fork(self, cmd: list[str], env: dict, cwd: str | None,
+             enter: int | None) -> ForkedProcess | None:
+        """`cmd` forked from its server, or None where it must start as a new process
+        (OSError: the server could not fork it)."""
+        found = forkable(cmd, env)
+        if found is None:
+            return None
+        key = (os.path.realpath(cmd[0]), found[1])
+        if key not in self._servers:
+            name = "fork-server" + (f"-{len(self._servers)}" if self._servers else "")
+            self._servers[key] = ForkServer(self.log_dir / f"{name}.log", cmd[0], found[1])
+        server = self._servers[key]
+        module = server.can_fork(cmd, env)
+        return None if module is None else server.spawn(module, cmd[3:], env, cwd, enter)
+
+    @property
+    def server_pids(self) -> list[int]:
+        """The servers running, ctrtrain's own first."""
+        servers = sorted(self._servers.items(), key=lambda kv: kv[0][1] is not None)
+        return [s.server_pid for _, s in servers if s.server_pid is not None]
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            server.close()
 
 
 def _die_with_parent():
@@ -358,11 +420,24 @@ def _child(request: dict, out: int, err: int | None = None) -> None:
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
-    # The package's import (as this module's parent) installed its hooks: TensorFlow's banner
-    # filtered, Keras on first use, its objects frozen after the import (tf_start).
-    from ..tf_start import own_process
-    own_process()
-    import tensorflow  # noqa: F401
+    if len(sys.argv) > 2:
+        # A plain server (PLAIN), run by path: the modules named, imported as the module it
+        # forks would import them; sys.path[0] as `python -m` gives it (this file's directory
+        # would otherwise shadow packages with ctrtrain's module names).
+        import importlib
+        sys.path[0] = os.getcwd()
+        for name in sys.argv[2:]:
+            importlib.import_module(name)
+        # Out of the collector's reach: a child's collections would otherwise visit (and so
+        # copy) every page of them (an entry 1.1-1.2 -> 0.35-0.4 CPU-s, 3 hosts measured).
+        import gc
+        gc.freeze()
+    else:
+        # The package's import (as this module's parent) installed its hooks: TensorFlow's
+        # banner filtered, Keras on first use, its objects frozen after the import (tf_start).
+        from ..tf_start import own_process
+        own_process()
+        import tensorflow  # noqa: F401
     child = _serve(sock)
     if child is None:
         # The job is over: TensorFlow here was imported, never run, and the interpreter's

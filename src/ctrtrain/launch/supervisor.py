@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import heartbeat
 from .container import entered
-from .forkserver import ForkedProcess, ForkServer
+from .forkserver import ForkedProcess, ForkServers
 
 PR_SET_PDEATHSIG = 1
 STOPPED_LIMIT_S = 10.0   # a process stopped this long fails the job
@@ -97,7 +97,7 @@ class Supervisor:
         self.stopped_limit = stopped_limit
         self.grace, self.tail_lines = grace, tail_lines
         self.procs: list[Managed] = []
-        self.forks = ForkServer(self.log_dir / "fork-server.log")
+        self.forks = ForkServers(self.log_dir)
         self._lock = threading.Lock()
         self._errors: list[str] = []
         self.pid_file = self.log_dir / "pids"
@@ -126,17 +126,14 @@ class Supervisor:
         return m
 
     def _fork(self, cmd: list[str], env: dict, cwd: str | None) -> ForkedProcess | None:
-        """`cmd` forked from the job's fork server (forkserver.py), if it runs a ctrtrain
-        module there; None: start it as a new process."""
+        """`cmd` forked from one of the job's fork servers (forkserver.py), if it runs a module
+        they fork; None: start it as a new process."""
         holder, inner = None, cmd
         inside = entered(cmd)
         if inside is not None:
             holder, cwd, inner = inside
-        module = self.forks.can_fork(inner, env)
-        if module is None:
-            return None
         try:
-            return self.forks.spawn(module, inner[3:], env, cwd, holder)
+            return self.forks.fork(inner, env, cwd, holder)
         except OSError as e:
             with self._lock:
                 print(f"[launcher] {e}; starting a new process instead", flush=True)
