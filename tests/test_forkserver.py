@@ -113,6 +113,13 @@ def test_forking_is_off_when_asked(tmp_path):
                   {**os.environ, "CTRTRAIN_FORK_SERVER": "0"})
     try:
         assert type(m.proc).__name__ == "Popen" and m.proc.wait(timeout=60) == 0
+        # Nor a framework host's toolkit entry, and nothing under a coverage run (coverage
+        # patches new processes only): new processes, no server started.
+        entry = [sys.executable, "-m", "sagemaker_training.cli.train"]
+        for env in ({**os.environ, "CTRTRAIN_FORK_SERVER": "0"},
+                    {**os.environ, "COVERAGE_PROCESS_START": "pyproject.toml"}):
+            assert sup.forks.fork(entry, env, None, None) is None
+        assert sup.forks.server_pids == []
     finally:
         sup._teardown()
 
