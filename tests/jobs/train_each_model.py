@@ -14,9 +14,15 @@ import json
 import sys
 from pathlib import Path
 
-from ctrtrain.environment import Environment
-from ctrtrain.recipes.deepfm import parse_hyperparameters, recipe_config
-from ctrtrain.train import train
+from ctrtrain.tf_start import own_process
+
+# One of the job's own trainers, as the recipe's processes are (recipes/deepfm.py): TensorFlow's
+# objects, imported next, frozen out of the collector's passes over its runs.
+own_process()
+
+from ctrtrain.environment import Environment  # noqa: E402
+from ctrtrain.recipes.deepfm import parse_hyperparameters, recipe_config  # noqa: E402
+from ctrtrain.train import train  # noqa: E402
 
 
 def main(argv) -> None:
