@@ -701,9 +701,12 @@ def test_bench_train_takes_each_runs_ratio_to_the_dense_limit_beside_it(data, tm
 @pytest.mark.slow
 def test_bench_profile_profiles_the_model_named(data, tmp_path):
     """`bench profile --model`: that model's step, op by op (DCN-v2's cross layers' matmuls
-    among its ops); a setting the model does not read is refused by name."""
+    among its ops); a setting the model does not read is refused by name; the trace it read
+    is not left behind."""
+    (tmp_path / "tmp").mkdir()
     run_cli("bench", "profile", "--data", data / "train", "--model", "dcn_v2", "--json",
-            tmp_path / "p.json")
+            tmp_path / "p.json", env={"TMPDIR": str(tmp_path / "tmp")})
+    assert not [p.name for p in (tmp_path / "tmp").iterdir() if "profile" in p.name]
     p = json.loads((tmp_path / "p.json").read_text())
     assert p["model"] == "dcn_v2" and p["wall_ms_per_step"] > 0
     assert any("MatMul" in o["op"] for o in p["ops"]), p["ops"]

@@ -49,17 +49,18 @@ def profile_step(data_dir: str, steps: int = 40, warmup: int = 20, mixed_precisi
 
     for b in batches[:warmup]:
         step(b).numpy()
-    logdir = tempfile.mkdtemp(prefix="ctrtrain-profile-")
-    tf.profiler.experimental.start(logdir)
-    t = time.perf_counter()
-    for b in batches[warmup:]:
-        step(b).numpy()
-    wall = (time.perf_counter() - t) / steps
-    tf.profiler.experimental.stop()
-    space = xplane_pb2.XSpace()
-    path = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))[-1]
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
+    # The trace is read here and then of no use: a temporary directory, removed on return.
+    with tempfile.TemporaryDirectory(prefix="ctrtrain-profile-") as logdir:
+        tf.profiler.experimental.start(logdir)
+        t = time.perf_counter()
+        for b in batches[warmup:]:
+            step(b).numpy()
+        wall = (time.perf_counter() - t) / steps
+        tf.profiler.experimental.stop()
+        space = xplane_pb2.XSpace()
+        path = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))[-1]
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
     per_op = collections.Counter()
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
