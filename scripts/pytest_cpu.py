@@ -3,7 +3,8 @@
 On 2 cores both pytest-xdist workers are busy through the suite, so its wall time is about the
 CPU its tests and their processes need over the two cores: CPU is the figure to cut (issue 28).
 Each test's CPU is this process's (tests that run the CLI in-process) plus that of the child
-processes it started and reaped (launches, CLI subprocesses), from getrusage around the test.
+processes it started and reaped (launches, CLI subprocesses), from getrusage around the test,
+and that of the worker's fork pools (whose forks run its launches' processes), from /proc.
 
     CTRTRAIN_CPU_LOG=cpu.jsonl PYTHONPATH=scripts bash scripts/test.sh -p pytest_cpu -n 2 --dist load
 
@@ -21,12 +22,33 @@ import time
 import pytest
 
 LOG = "CTRTRAIN_CPU_LOG"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _pools() -> float:
+    """CPU seconds so far of this process's fork pools (tests/conftest.py, launch/forkpool.py)
+    and of what they reaped: the jobs whose servers they forked, which are not this process's
+    children."""
+    total, me = 0.0, str(os.getpid())
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[1] != me:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"--pool" not in f.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15]) / TICK    # utime stime cutime cstime
+    return total
 
 
 def _cpu() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime + _pools()
 
 
 @pytest.hookimpl(hookwrapper=True)

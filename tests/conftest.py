@@ -29,6 +29,28 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"marked both serial and tf215 (scripts/test.sh): {both}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fork_pool():
+    """A pool of warm fork servers for this worker's launches (launch/forkpool.py), as a
+    parent that runs job after job keeps: each job's server a fork of it instead of a new
+    process importing TensorFlow. Jobs run as without it (test_forkserver.py holds both ways
+    to the same); not in a coverage run (coverage starts every process anew) nor where
+    CTRTRAIN_FORK_POOL is set already (empty: no pool)."""
+    from ctrtrain.launch.forkpool import POOL, ForkPool
+    if POOL in os.environ or any(k.startswith("COVERAGE") for k in os.environ):
+        yield None
+        return
+    with ForkPool() as pool:
+        # The job's processes' import-time environment (cluster/process_env.py), and the
+        # bench runner's (bench/runner.py).
+        pool.start(env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        os.environ[POOL] = str(pool.folder)
+        try:
+            yield pool
+        finally:
+            del os.environ[POOL]
+
+
 @pytest.fixture(scope="session")
 def shared():
     return shared_data()

@@ -19,6 +19,13 @@ from ctrtrain.launch.supervisor import Supervisor
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def no_pool(monkeypatch):
+    """These tests hold a job's own server to what they claim: the suite's pool (conftest)
+    out of their way; test_a_pool_... sets its own."""
+    monkeypatch.delenv(forkserver.POOL, raising=False)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -210,3 +217,85 @@ def test_the_toolkits_entry_forked_runs_the_script_as_a_new_entry_would(tmp_path
     forked = (tmp_path / "logs" / "algo-1-train.log").read_text()
     assert code == new.returncode
     assert told(forked) == told(new.stdout), forked
+
+
+def test_a_pool_forks_each_jobs_server_inside_the_job_which_runs_as_with_its_own(
+        tmp_path, synth_data):
+    """A pool (launch/forkpool.py) kept by a parent that launches job after job: each job's
+    server is a fork of it made in the job's own namespaces (isolation.py: its PID namespace,
+    which ends every process with the launcher), and the job trains what it trains with a
+    server of its own, to the digit. A launcher killed mid-job takes its job's processes with
+    it, the pool serves the next job, and a job whose import-time environment is not the
+    pool's starts its own server."""
+    import re
+    import subprocess
+    import time
+    from ctrtrain.launch.forkpool import ForkPool
+    from test_distributed import DATA, channels
+    from test_launch import alive, spec_from_example
+    data = synth_data(**DATA)[0] / "tf"
+    hp = {"steps": 12, "batch_size": 256, "embedding_size": 8, "log_every": 4}
+
+    def launch(name, env, preexec_fn=None, **over):
+        (tmp_path / name).mkdir()
+        spec = spec_from_example(tmp_path / name, "deepfm-allreduce", channels=channels(data),
+                                 hyperparameters={**hp, **over})
+        return subprocess.Popen([sys.executable, "-m", "ctrtrain.cli", "launch", str(spec)],
+                                env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+
+    def finished(proc, name):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        run = tmp_path / name / "run"
+        log = (run / "logs" / "fork-server.log").read_text()
+        return json.loads((run / "model" / "result.json").read_text())["test"], log
+
+    unbuffered = {"PYTHONUNBUFFERED": "1"}   # as a job's processes have it (process_env.py)
+    own, own_log = finished(launch("own", {forkserver.POOL: ""}), "own")
+    assert "forked by the pool" not in own_log
+    with ForkPool() as pool:
+        pool.start(env={**os.environ, **unbuffered}, wait=120)
+        [listening] = pool.pids
+        pooled, log = finished(launch("pooled", pool.environ()), "pooled")
+        assert "forked by the pool" in log, log
+        assert pooled == own              # the same AUC and log loss, every digit
+        run = tmp_path / "pooled" / "run"
+        assert alive(run)[1] == []
+        # The launcher killed while its job trains: nothing of the job is left. Run as under
+        # `nice -n 3 taskset -c N`: its server takes those on, as a child of it would.
+        core = min(os.sched_getaffinity(0))
+
+        def niced_on_one_core():
+            os.nice(3)
+            os.sched_setaffinity(0, {core})
+        killed = launch("killed", pool.environ(), niced_on_one_core, steps=4000)
+        run = tmp_path / "killed" / "run"
+        deadline = time.monotonic() + 120
+        while not list(run.glob("checkpoints/metrics.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert alive(run)[1]
+        # Its server is a process of the job's PID namespace (the pid the log gives is that
+        # namespace's), so the namespace's end ends it too.
+        from ctrtrain.launch.isolation import host_pid
+        server = int(re.search(r"pid (\d+), forked by the pool",
+                               (run / "logs" / "fork-server.log").read_text())[1])
+        server = host_pid(server, (run / "logs" / "pidns").read_text().strip())
+        assert server is not None
+        assert os.sched_getaffinity(server) == {core}
+        assert os.getpriority(os.PRIO_PROCESS, server) == os.getpriority(os.PRIO_PROCESS, 0) + 3
+        killed.kill()
+        killed.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while alive(run)[1] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert alive(run)[1] == []
+        # The pool goes on serving; another import-time environment starts its own server.
+        again, log = finished(launch("again", pool.environ()), "again")
+        assert "forked by the pool" in log and again == own
+        louder, log = finished(launch("louder", {**pool.environ(), "CTRTRAIN_VERBOSE": "1"}),
+                               "louder")
+        assert "forked by the pool" not in log
+        assert _parent(listening) == os.getpid()
+    from ctrtrain.launch.supervisor import _state
+    assert _state(listening) in ("gone", "exited") and not pool.folder.exists()

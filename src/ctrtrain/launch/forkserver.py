@@ -28,12 +28,21 @@ need not have ctrtrain): it imports TensorFlow as the entry would (Keras with it
 the toolkit, whose modules read the host's environment at import. The user's script is still
 the toolkit's own new process: only the entry, whose own code is the toolkit's, is a fork.
 
+A parent that runs many jobs in a row (the test suite, `bench matrix`) may keep a *pool*
+(forkpool.py): a server per interpreter that has imported TensorFlow once and listens on a
+socket in the folder CTRTRAIN_FORK_POOL names. A job whose server would import what a pool's
+did, in the same import-time environment, connects to it instead of starting its own; the pool
+forks a server for that connection, which serves the job as its own would have and ends when
+the connection closes (the job done, or its supervisor gone). Otherwise, as without a pool.
+
 Protocol (a SOCK_SEQPACKET socket pair, one JSON message a datagram): the supervisor sends
 {"module", "args", "env", "cwd", "enter"} with the child's output pipe as a passed descriptor
 (its stdout and stderr; or two, stdout's and stderr's apart, as a benchmark's runs want them);
 the server answers {"pid"} (or {"error"}), and later {"exit": pid, "code"} when it reaps the
 child (the code as subprocess gives it: -N for a signal). The server ends when the socket
-closes, and with the supervisor (PR_SET_PDEATHSIG); its children end with it.
+closes, and with the supervisor (PR_SET_PDEATHSIG); its children end with it. A server forked
+by a pool first says {"server": its pid, "env": its import-time environment}, and ends with
+the pool.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -51,6 +61,7 @@ import time
 from pathlib import Path
 
 OFF = "CTRTRAIN_FORK_SERVER"
+POOL = "CTRTRAIN_FORK_POOL"
 PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 20
 # What a process reads from its environment while it imports ctrtrain and TensorFlow: a child
@@ -65,6 +76,23 @@ _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
 def _import_env(env: dict) -> dict:
     return {k: v for k, v in env.items()
             if k.startswith("PYTHON") or k.startswith("COVERAGE") or k in _IMPORT_TIME}
+
+
+def interpreter(python: str) -> str:
+    """What names an interpreter: a venv's bin/python links to its base Python, so the real
+    path alone takes every venv of one Python for the same (they import different packages:
+    .venv's TensorFlow 2.21, .venv-hvd's 2.15)."""
+    path = os.path.abspath(python)
+    return os.path.join(os.path.realpath(os.path.dirname(path)),
+                        os.path.basename(os.path.realpath(path)))
+
+
+def pool_socket(folder: str, python: str, preload: tuple[str, ...] | None, env: dict) -> Path:
+    """Where a pool (forkpool.py) of `python`'s servers, importing `preload` (None:
+    ctrtrain's own) in the environment `env`, listens in `folder`."""
+    import hashlib
+    key = json.dumps([interpreter(python), preload, _import_env(env)], sort_keys=True)
+    return Path(folder) / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.sock"
 
 
 # Modules of other packages forked from a plain server, with what it imports first: the
@@ -85,7 +113,7 @@ def forkable(cmd: list[str], env: dict) -> tuple[str, tuple[str, ...] | None] | 
         return module, PLAIN[module]
     if not (module == "ctrtrain" or module.startswith("ctrtrain.")):
         return None
-    if os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+    if interpreter(cmd[0]) != interpreter(sys.executable):
         return None
     return module, None
 
@@ -164,6 +192,8 @@ class ForkServer:
         self._lock = threading.Lock()      # one request at a time
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
+        self._pooled: int | None = None    # the server's PID where a pool forked it
+        self._ended = threading.Event()    # the server closed its end (it ended)
         self._env: dict | None = None
         self._gone = False
 
@@ -173,7 +203,7 @@ class ForkServer:
         found = forkable(cmd, env)
         if found is None or found[1] != self.preload or self._gone:
             return None
-        if os.path.realpath(cmd[0]) != os.path.realpath(self.python):
+        if interpreter(cmd[0]) != interpreter(self.python):
             return None
         if self._env is not None and _import_env(env) != self._env:
             return None
@@ -209,6 +239,8 @@ class ForkServer:
     @property
     def server_pid(self) -> int | None:
         """The fork server's PID while it runs (the parent of every process it forked)."""
+        if self._pooled is not None:
+            return None if self._ended.is_set() else self._pooled
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def exit_code(self, pid: int) -> int | None:
@@ -218,8 +250,19 @@ class ForkServer:
     def close(self) -> None:
         """Ends the server once every child it forked has been reaped (the supervisor's
         teardown has waited for them)."""
-        if self._sock is not None:
-            self._gone = True
+        if self._sock is None:
+            return
+        self._gone = True
+        if self._pooled is not None:
+            # Not this process's child: its end is its end of the socket closing.
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_WR)
+            if not self._ended.wait(timeout=10):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._pooled, signal.SIGKILL)
+                self._ended.wait(timeout=10)
+            self._sock.close()
+        else:
             with contextlib.suppress(OSError):   # already gone
                 self._sock.shutdown(socket.SHUT_RDWR)
             self._sock.close()
@@ -228,9 +271,41 @@ class ForkServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-            self._sock = None
+        self._sock = None
 
     def _start(self, env: dict) -> None:
+        if not self._from_pool(env):
+            self._start_own(env)
+        threading.Thread(target=self._read, daemon=True, name="ctrtrain-fork-server").start()
+
+    def _from_pool(self, env: dict) -> bool:
+        """Connects to a server forked by the pool of this interpreter and preload, if there
+        is one (CTRTRAIN_FORK_POOL) and it imported in the environment `env` would."""
+        folder = os.environ.get(POOL)
+        if not folder:
+            return False
+        path = pool_socket(folder, self.python, self.preload, env)
+        if not path.exists():
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.settimeout(30)
+            sock.connect(str(path))
+            hello = json.loads(sock.recv(_MAX_MESSAGE) or b"{}")
+            sock.settimeout(None)
+        except (OSError, ValueError):
+            sock.close()
+            return False
+        if "server" not in hello or hello.get("env") != _import_env(env):
+            sock.close()     # the server it forked ends as the socket closes
+            return False
+        self._sock, self._env, self._pooled = sock, hello["env"], hello["server"]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            log.write(f"[fork server] pid {self._pooled}, forked by the pool at {path}\n")
+        return True
+
+    def _start_own(self, env: dict) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.preload is None:
@@ -244,7 +319,6 @@ class ForkServer:
                 pass_fds=[theirs.fileno()], preexec_fn=_die_with_parent)
         theirs.close()
         self._sock, self._env = ours, _import_env(env)
-        threading.Thread(target=self._read, daemon=True, name="ctrtrain-fork-server").start()
 
     def _answer(self) -> dict:
         with self.changed:
@@ -266,6 +340,7 @@ class ForkServer:
                     # The server ended: a child it had not reaped died with it
                     # (PR_SET_PDEATHSIG), as SIGKILLed.
                     self._gone = True
+                    self._ended.set()
                     for pid in self._pids - self._codes.keys():
                         self._codes[pid] = -signal.SIGKILL
                     self.changed.notify_all()
@@ -293,7 +368,7 @@ class ForkServers:
         found = forkable(cmd, env)
         if found is None:
             return None
-        key = (os.path.realpath(cmd[0]), found[1])
+        key = (interpreter(cmd[0]), found[1])
         if key not in self._servers:
             name = "fork-server" + (f"-{len(self._servers)}" if self._servers else "")
             self._servers[key] = ForkServer(self.log_dir / f"{name}.log", cmd[0], found[1])
@@ -418,15 +493,112 @@ def _child(request: dict, out: int, err: int | None = None) -> None:
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
+def _pool(path: str) -> socket.socket:
+    """A pool's loop: listens at `path` and forks for each connection; returns, in the server
+    made for it (_server_for), its connection. The pool is killed by its owner or with it;
+    what it forked ends with it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path + ".new")
+    listener.listen(64)
+    os.rename(path + ".new", path)        # ready when the name is there: imports done
+    # What it forks is reaped here, so that their CPU time is the pool's children's (its
+    # owner's, in turn): ignored, the kernel would reap them and their times would be lost.
+    signal.signal(signal.SIGCHLD, _reap)
+    while True:
+        conn, _ = listener.accept()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _die_with_parent()
+            return _server_for(conn)
+        conn.close()
+
+
+def _reap(*_) -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+# Joined in this order: the user namespace first, whose capabilities the others need.
+_NAMESPACES = ("user", "mnt", "net", "uts", "ipc", "pid")
+
+
+def _server_for(conn: socket.socket) -> socket.socket:
+    """In the pool's fork for a connection: joins the namespaces of the supervisor at the
+    other end (a launch's own: isolation.py; its PID namespace for what is forked next), then
+    forks the job's server there, which returns its connection (its hello sent); this process
+    waits for it and ends with it. A job's processes are thus in its namespaces, as those of
+    a server it started would be, and end with it."""
+    peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                               struct.calcsize("3i")))[0]
+    try:
+        _take_on(peer)
+        _join(peer)
+    except OSError as e:
+        _send(conn, {"error": f"becoming the job's server: {e}"})
+        os._exit(1)
+    server = os.fork()
+    if server == 0:
+        _die_with_parent()
+        _send(conn, {"server": os.getpid(), "env": _import_env(os.environ)})
+        return conn
+    conn.close()
+    os.waitpid(server, 0)
+    os._exit(0)
+
+
+def _take_on(pid: int) -> None:
+    """What a process started by process `pid` would inherit from it beyond its namespaces:
+    the CPUs it may run on, its nice value, resource limits and umask (a launch run under
+    `taskset`, `nice` or `ulimit` runs its job so)."""
+    import resource
+    os.sched_setaffinity(0, os.sched_getaffinity(pid))
+    with contextlib.suppress(PermissionError):     # a lower nice value needs privilege
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, pid))
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            which = getattr(resource, name)
+            with contextlib.suppress(ValueError, PermissionError):   # a higher hard limit
+                resource.setrlimit(which, resource.prlimit(pid, which))
+    with open(f"/proc/{pid}/status") as f:
+        umask = next((line.split()[1] for line in f if line.startswith("Umask:")), None)
+    if umask is not None:
+        os.umask(int(umask, 8))
+
+
+def _join(pid: int) -> None:
+    """Into process `pid`'s namespaces where they are not this process's (setns)."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    fds = []
+    try:
+        for name in _NAMESPACES:
+            theirs = f"/proc/{pid}/ns/{name}"
+            if os.readlink(theirs) != os.readlink(f"/proc/self/ns/{name}"):
+                fds.append((name, os.open(theirs, os.O_RDONLY)))
+        for name, fd in fds:
+            if libc.setns(fd, 0) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns {name} of process {pid}: {os.strerror(err)}")
+    finally:
+        for _, fd in fds:
+            os.close(fd)
+
+
 def main() -> None:
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    if len(sys.argv) > 2:
+    """`forkserver FD [MODULE...]`: a job's server on the socket FD; `forkserver --pool PATH
+    [MODULE...]`: a pool listening at PATH (forkpool.py). MODULEs: a plain server's imports."""
+    pool = sys.argv[2] if sys.argv[1] == "--pool" else None
+    preload = sys.argv[3:] if pool else sys.argv[2:]
+    if preload:
         # A plain server (PLAIN), run by path: the modules named, imported as the module it
         # forks would import them; sys.path[0] as `python -m` gives it (this file's directory
         # would otherwise shadow packages with ctrtrain's module names).
         import importlib
         sys.path[0] = os.getcwd()
-        for name in sys.argv[2:]:
+        for name in preload:
             importlib.import_module(name)
         # Out of the collector's reach: a child's collections would otherwise visit (and so
         # copy) every page of them (an entry 1.1-1.2 -> 0.35-0.4 CPU-s, 3 hosts measured).
@@ -438,6 +610,7 @@ def main() -> None:
         from ..tf_start import own_process
         own_process()
         import tensorflow  # noqa: F401
+    sock = _pool(pool) if pool else socket.socket(fileno=int(sys.argv[1]))
     child = _serve(sock)
     if child is None:
         # The job is over: TensorFlow here was imported, never run, and the interpreter's

@@ -1,0 +1,81 @@
+"""Warm fork servers for a parent that runs many jobs in a row.
+
+Each job starts a fork server (forkserver.py) that imports ctrtrain and TensorFlow once for
+all its processes: about 2.8 CPU-seconds a job. A parent that launches job after job (the test
+suite; `bench matrix`, a launch per cell) pays that for every one. A ForkPool, kept by such a
+parent, starts one *pool* per interpreter that imports them once and listens in a folder of
+its own; the parent's jobs find it through CTRTRAIN_FORK_POOL, and each job's server is then a
+fork of the pool (about 0.1 CPU-s) that serves the job exactly as a server of its own would:
+the job's processes are its children, it ends when the job's supervisor closes its connection
+or dies, and they end with it. A job whose import-time environment differs from the pool's
+(PYTHON* variables, TensorFlow's logging switches: forkserver._IMPORT_TIME), or that finds
+no pool, starts its own server as before.
+
+The pools end with the ForkPool (close, or its process's end: PR_SET_PDEATHSIG), and every
+server they forked with them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .forkserver import POOL, _die_with_parent, pool_socket
+
+
+class ForkPool:
+    """Pools of warm servers in a temporary folder; `environ()` is what a launch needs to use
+    them. A context manager: the pools end with the block."""
+
+    def __init__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="ctrtrain-pool-"))
+        self._procs: list[subprocess.Popen] = []
+
+    def start(self, python: str | None = None, preload: tuple[str, ...] | None = None,
+              env: dict[str, str] | None = None, wait: float = 0.0) -> Path:
+        """A pool of `python`'s servers (this interpreter's by default), ctrtrain's own or
+        plain ones importing `preload` (forkserver.PLAIN), started in `env` (the jobs whose
+        processes have that import-time environment use it). Its socket is there once its
+        imports are done: a job that comes earlier starts its own server. `wait`: seconds to
+        wait for that; the socket's path is returned either way."""
+        python, env = python or sys.executable, dict(os.environ if env is None else env)
+        path = pool_socket(str(self.folder), python, preload, env)
+        if preload is None:
+            cmd, cwd = [python, "-m", "ctrtrain.launch.forkserver"], None
+        else:    # by path, from / (as forkserver.ForkServer starts a plain server)
+            cmd, cwd = [python, str(Path(__file__).with_name("forkserver.py"))], "/"
+        self._procs.append(subprocess.Popen(
+            [*cmd, "--pool", str(path), *(preload or ())], cwd=cwd, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent))
+        deadline = time.monotonic() + wait
+        while not path.exists() and time.monotonic() < deadline:
+            if self._procs[-1].poll() is not None:
+                raise RuntimeError(f"the fork pool {cmd} ended ({self._procs[-1].returncode})")
+            time.sleep(0.05)
+        return path
+
+    @property
+    def pids(self) -> list[int]:
+        """The pools' PIDs (the parents of the servers they fork)."""
+        return [p.pid for p in self._procs]
+
+    def environ(self) -> dict[str, str]:
+        return {POOL: str(self.folder)}
+
+    def close(self) -> None:
+        for proc in self._procs:
+            proc.kill()       # its servers, and their children, end with it
+            proc.wait()
+        self._procs = []
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> ForkPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
