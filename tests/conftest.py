@@ -41,9 +41,7 @@ def fork_pool():
         yield None
         return
     with ForkPool() as pool:
-        # The job's processes' import-time environment (cluster/process_env.py), and the
-        # bench runner's (bench/runner.py).
-        pool.start(env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        pool.start_for_jobs()
         os.environ[POOL] = str(pool.folder)
         try:
             yield pool
@@ -87,9 +85,9 @@ def declared(tmp_path_factory):
 
 
 def run_cli(*args, check=True, cwd=None, env=None, timeout=600):
-    """Runs the real `ctrtrain` entry point in a subprocess."""
-    e = dict(os.environ)
-    e.update(env or {})
+    """Runs the real `ctrtrain` entry point in a subprocess; `env`: set in its environment
+    (None: taken out of it)."""
+    e = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     r = subprocess.run([sys.executable, "-m", "ctrtrain.cli", *map(str, args)], capture_output=True,
                        text=True, cwd=cwd, env=e, timeout=timeout)
     if check and r.returncode != 0:

@@ -87,8 +87,12 @@ def test_tiny_matrix_end_to_end(tmp_path):
         "defaults: {batch_size: 256}\n"
         "cells:\n  - {name: single}\n  - {name: allreduce-2, mode: allreduce, hosts: 2}\n"
         "  - {name: pipe, input_mode: Pipe}\n  - {name: pipe-cache, input_mode: Pipe, cache: true}\n")
+    # Without the suite's pool (conftest): the matrix keeps its own for its cells' launches.
     run_cli("bench", "matrix", tmp_path / "m.yaml", "--work-dir", tmp_path / "work",
-            "--out", tmp_path / "report", timeout=900)
+            "--out", tmp_path / "report", timeout=900, env={"CTRTRAIN_FORK_POOL": None})
+    for name in ("single", "allreduce-2"):
+        log = tmp_path / "work" / "cells" / name / "logs" / "fork-server.log"
+        assert "forked by the pool" in log.read_text(), name
     rep = json.loads((tmp_path / "report" / "matrix.json").read_text())
     cells = {c["cell"]["name"]: c for c in rep["cells"]}
     assert cells["single"]["examples_per_s"] > 0 and cells["single"]["steps"] == 30

@@ -251,11 +251,10 @@ def test_a_pool_forks_each_jobs_server_inside_the_job_which_runs_as_with_its_own
         log = (run / "logs" / "fork-server.log").read_text()
         return json.loads((run / "model" / "result.json").read_text())["test"], log
 
-    unbuffered = {"PYTHONUNBUFFERED": "1"}   # as a job's processes have it (process_env.py)
     own, own_log = finished(launch("own", {forkserver.POOL: ""}), "own")
     assert "forked by the pool" not in own_log
     with ForkPool() as pool:
-        pool.start(env={**os.environ, **unbuffered}, wait=120)
+        pool.start_for_jobs(wait=120)
         [listening] = pool.pids
         pooled, log = finished(launch("pooled", pool.environ()), "pooled")
         assert "forked by the pool" in log, log
@@ -299,3 +298,30 @@ def test_a_pool_forks_each_jobs_server_inside_the_job_which_runs_as_with_its_own
         assert _parent(listening) == os.getpid()
     from ctrtrain.launch.supervisor import _state
     assert _state(listening) in ("gone", "exited") and not pool.folder.exists()
+
+
+def test_a_pool_does_not_serve_a_launch_in_other_control_groups(tmp_path):
+    """A launcher in control groups other than the pool's (run under `systemd-run`, say) gets
+    no server of the pool (which could not put its job where the launcher is): the job
+    starts its own, as without a pool."""
+    import subprocess
+    import uuid
+    base = Path("/sys/fs/cgroup/pids")
+    group = base / f"ctrtrain-test-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+    except OSError as e:
+        pytest.skip(f"no control group can be made here ({e})")
+    try:
+        # Moved before it runs anything: the process stands for a launcher there.
+        other = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: (
+            group / "cgroup.procs").write_text(str(os.getpid())))
+        try:
+            with pytest.raises(OSError, match="other control groups than the pool"):
+                forkserver._take_on(other.pid)
+            forkserver._take_on(os.getpid())       # the same groups: taken on
+        finally:
+            other.kill()
+            other.wait()
+    finally:
+        group.rmdir()

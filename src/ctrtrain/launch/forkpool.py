@@ -17,6 +17,7 @@ server they forked with them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .forkserver import POOL, _die_with_parent, pool_socket
+from .forkserver import OFF, POOL, _die_with_parent, pool_socket
 
 
 class ForkPool:
@@ -59,6 +60,14 @@ class ForkPool:
             time.sleep(0.05)
         return path
 
+    def start_for_jobs(self, wait: float = 0.0) -> Path:
+        """The pool this process's launches use: ctrtrain's own servers, in the import-time
+        environment a job's processes get from a launcher run in this process's
+        (cluster/process_env.py: unbuffered output, TensorFlow's log level)."""
+        from ..tf_start import child_log_env
+        return self.start(env={**os.environ, "PYTHONUNBUFFERED": "1", **child_log_env()},
+                          wait=wait)
+
     @property
     def pids(self) -> list[int]:
         """The pools' PIDs (the parents of the servers they fork)."""
@@ -79,3 +88,17 @@ class ForkPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def pooled_launches():
+    """For a block that launches job after job (`bench matrix`): a pool for its launches, whose
+    environment takes the variables yielded; none (and {}) where a parent's pool is in use
+    already, forking is off, or coverage is measured (it starts every process anew)."""
+    if POOL in os.environ or os.environ.get(OFF) == "0" or any(
+            k.startswith("COVERAGE") for k in os.environ):
+        yield {}
+        return
+    with ForkPool() as pool:
+        pool.start_for_jobs()
+        yield pool.environ()

@@ -553,8 +553,13 @@ def _server_for(conn: socket.socket) -> socket.socket:
 def _take_on(pid: int) -> None:
     """What a process started by process `pid` would inherit from it beyond its namespaces:
     the CPUs it may run on, its nice value, resource limits and umask (a launch run under
-    `taskset`, `nice` or `ulimit` runs its job so)."""
+    `taskset`, `nice` or `ulimit` runs its job so). Its control groups are not moved into:
+    where they are not the pool's (a launch under `systemd-run`, say), OSError, and the job
+    starts its own server."""
     import resource
+    with open(f"/proc/{pid}/cgroup") as theirs, open("/proc/self/cgroup") as mine:
+        if theirs.read() != mine.read():
+            raise OSError(f"process {pid} is in other control groups than the pool")
     os.sched_setaffinity(0, os.sched_getaffinity(pid))
     with contextlib.suppress(PermissionError):     # a lower nice value needs privilege
         os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, pid))
