@@ -1,15 +1,17 @@
-"""Warm fork servers for a parent that runs many jobs in a row.
+"""Warm fork servers for a program that launches job after job.
 
 Each job starts a fork server (forkserver.py) that imports ctrtrain and TensorFlow once for
-all its processes: about 2.8 CPU-seconds a job. A parent that launches job after job (the test
-suite; `bench matrix`, a launch per cell) pays that for every one. A ForkPool, kept by such a
-parent, starts one *pool* per interpreter that imports them once and listens in a folder of
-its own; the parent's jobs find it through CTRTRAIN_FORK_POOL, and each job's server is then a
-fork of the pool (about 0.1 CPU-s) that serves the job exactly as a server of its own would:
-the job's processes are its children, it ends when the job's supervisor closes its connection
-or dies, and they end with it. A job whose import-time environment differs from the pool's
-(PYTHON* variables, TensorFlow's logging switches: forkserver._IMPORT_TIME), or that finds
-no pool, starts its own server as before.
+all its processes. A program that launches job after job (the test suite; `bench matrix`, a
+launch per cell) paid that import for every one. A ForkPool, kept by such a program, starts a
+*pool* that imports them once and listens in a folder of its own; the program's launches find
+it through CTRTRAIN_FORK_POOL, and each job's server is then a fork of the pool made inside the
+job (forkserver._server_for: the launcher's namespaces, affinity, nice value, limits and
+umask), which serves the job exactly as a server of its own would and ends with it. A launch
+whose import-time environment (PYTHON* variables, TensorFlow's log level:
+forkserver._IMPORT_TIME) or control groups differ from the pool's, or that finds no pool,
+starts its own server as before. Measured on a 2-host all-reduce launch, six in a row with
+the pool's own import counted in: 4.51 -> 2.81 s and 5.40 -> 3.85 CPU-s a launch
+(scripts/fork_pool_ab.py; docs/development.md, "Fork pools").
 
 The pools end with the ForkPool (close, or its process's end: PR_SET_PDEATHSIG), and every
 server they forked with them.
@@ -37,26 +39,22 @@ class ForkPool:
         self.folder = Path(tempfile.mkdtemp(prefix="ctrtrain-pool-"))
         self._procs: list[subprocess.Popen] = []
 
-    def start(self, python: str | None = None, preload: tuple[str, ...] | None = None,
-              env: dict[str, str] | None = None, wait: float = 0.0) -> Path:
-        """A pool of `python`'s servers (this interpreter's by default), ctrtrain's own or
-        plain ones importing `preload` (forkserver.PLAIN), started in `env` (the jobs whose
-        processes have that import-time environment use it). Its socket is there once its
-        imports are done: a job that comes earlier starts its own server. `wait`: seconds to
-        wait for that; the socket's path is returned either way."""
+    def start(self, python: str | None = None, env: dict[str, str] | None = None,
+              wait: float = 0.0) -> Path:
+        """A pool of `python`'s servers (this interpreter's by default) started in `env`: the
+        jobs whose processes have its import-time environment use it. Its socket is there once
+        its imports are done: a job that comes earlier starts its own server. `wait`: seconds
+        to wait for that; the socket's path is returned either way."""
         python, env = python or sys.executable, dict(os.environ if env is None else env)
-        path = pool_socket(str(self.folder), python, preload, env)
-        if preload is None:
-            cmd, cwd = [python, "-m", "ctrtrain.launch.forkserver"], None
-        else:    # by path, from / (as forkserver.ForkServer starts a plain server)
-            cmd, cwd = [python, str(Path(__file__).with_name("forkserver.py"))], "/"
+        path = pool_socket(str(self.folder), python, None, env)
         self._procs.append(subprocess.Popen(
-            [*cmd, "--pool", str(path), *(preload or ())], cwd=cwd, env=env,
+            [python, "-m", "ctrtrain.launch.forkserver", "--pool", str(path)], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent))
         deadline = time.monotonic() + wait
         while not path.exists() and time.monotonic() < deadline:
             if self._procs[-1].poll() is not None:
-                raise RuntimeError(f"the fork pool {cmd} ended ({self._procs[-1].returncode})")
+                raise RuntimeError(f"the fork pool of {python} ended "
+                                   f"({self._procs[-1].returncode})")
             time.sleep(0.05)
         return path
 
