@@ -217,9 +217,8 @@ def run_matrix(matrix: dict, work_dir: str, out_dir: str | None = None, progress
     repeats = int(matrix.get("repeats", 1))
     cells = expand_cells(matrix)
     results = []
-    # The cells' jobs fork their servers from one warm pool (launch/forkpool.py), started
-    # while the data is made, instead of each importing TensorFlow for its own: a cell's
-    # start-up is shorter.
+    # The cells' jobs fork their servers from one warm pool (launch/forkpool.py) instead of
+    # each importing TensorFlow for its own: a cell's start-up is shorter.
     with pooled_launches() as pooled, bar(total=len(cells) * repeats, desc="bench matrix",
                                           unit="run", disable=None if progress else True) as pb:
         data = prepare_data(work, int(d.get("rows", 200_000)), int(d.get("feature_size", 100_000)))

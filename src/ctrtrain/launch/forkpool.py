@@ -98,5 +98,5 @@ def pooled_launches():
         yield {}
         return
     with ForkPool() as pool:
-        pool.start_for_jobs()
+        pool.start_for_jobs(wait=120)      # its import done: every launch of the block uses it
         yield pool.environ()
