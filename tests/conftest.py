@@ -32,21 +32,18 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def fork_pool():
     """A pool of warm fork servers for this worker's launches (launch/forkpool.py), as a
-    parent that runs job after job keeps: each job's server a fork of it instead of a new
+    program that runs job after job keeps: each job's server a fork of it instead of a new
     process importing TensorFlow. Jobs run as without it (test_forkserver.py holds both ways
-    to the same); not in a coverage run (coverage starts every process anew) nor where
-    CTRTRAIN_FORK_POOL is set already (empty: no pool)."""
-    from ctrtrain.launch.forkpool import POOL, ForkPool
-    if POOL in os.environ or any(k.startswith("COVERAGE") for k in os.environ):
-        yield None
-        return
-    with ForkPool() as pool:
-        pool.start_for_jobs()
-        os.environ[POOL] = str(pool.folder)
+    to the same); none in a coverage run, nor where CTRTRAIN_FORK_POOL is set already. Not
+    waited for: launches before its import is done start their own servers."""
+    from ctrtrain.launch.forkpool import pooled_launches
+    with pooled_launches(wait=0) as pooled:
+        os.environ.update(pooled)
         try:
-            yield pool
+            yield
         finally:
-            del os.environ[POOL]
+            for k in pooled:
+                del os.environ[k]
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .forkserver import OFF, POOL, _die_with_parent, pool_socket
+from .forkserver import POOL, _die_with_parent, forking_off, pool_socket
 
 
 class ForkPool:
@@ -89,14 +89,15 @@ class ForkPool:
 
 
 @contextlib.contextmanager
-def pooled_launches():
-    """For a block that launches job after job (`bench matrix`): a pool for its launches, whose
-    environment takes the variables yielded; none (and {}) where a parent's pool is in use
-    already, forking is off, or coverage is measured (it starts every process anew)."""
-    if POOL in os.environ or os.environ.get(OFF) == "0" or any(
-            k.startswith("COVERAGE") for k in os.environ):
+def pooled_launches(wait: float = 120.0):
+    """For a block that launches job after job (`bench matrix`, a test worker): a pool for its
+    launches, whose environment takes the variables yielded; none (and {}) where a parent's
+    pool is in use already (CTRTRAIN_FORK_POOL set; empty: none), forking is off, or coverage
+    is measured (it starts every process anew). `wait`: seconds to wait for its import (by
+    default, so that every launch of the block uses it)."""
+    if POOL in os.environ or forking_off(os.environ):
         yield {}
         return
     with ForkPool() as pool:
-        pool.start_for_jobs(wait=120)      # its import done: every launch of the block uses it
+        pool.start_for_jobs(wait=wait)
         yield pool.environ()

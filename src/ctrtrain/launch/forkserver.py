@@ -100,13 +100,17 @@ def pool_socket(folder: str, python: str, preload: tuple[str, ...] | None, env: 
 PLAIN = {"sagemaker_training.cli.train": ("tensorflow",)}
 
 
+def forking_off(env: dict) -> bool:
+    """Whether nothing is forked for a process of environment `env`: CTRTRAIN_FORK_SERVER=0,
+    or a coverage run (coverage patches new processes only)."""
+    return env.get(OFF, os.environ.get(OFF)) == "0" or any(k.startswith("COVERAGE") for k in env)
+
+
 def forkable(cmd: list[str], env: dict) -> tuple[str, tuple[str, ...] | None] | None:
     """(the module `cmd` runs as `python -m MODULE ...`, what a plain server imports first, or
     None for ctrtrain's own server), or None where it must start as a new process: a ctrtrain
     module with this interpreter, or one of PLAIN's with any."""
-    if env.get(OFF, os.environ.get(OFF)) == "0" or len(cmd) < 3 or cmd[1] != "-m":
-        return None
-    if any(k.startswith("COVERAGE") for k in env):   # coverage patches new processes only
+    if forking_off(env) or len(cmd) < 3 or cmd[1] != "-m":
         return None
     module = cmd[2]
     if module in PLAIN:
