@@ -8,8 +8,9 @@ and that of the worker's fork pools (whose forks run its launches' processes), f
 
     CTRTRAIN_CPU_LOG=cpu.jsonl PYTHONPATH=scripts bash scripts/test.sh -p pytest_cpu -n 2 --dist load
 
-appends one JSON line per test (id, wall, self and children CPU seconds) to the file and ends
-the run with the total and the 15 tests and files that cost most."""
+appends one JSON line per test (id, the environment that ran it, wall, self and children CPU
+seconds) to the file and ends the run with the total and the 15 tests and files that cost most
+(of its own environment: scripts/test.sh runs the 2.15 pass beside the 2.21 pass)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ import collections
 import json
 import os
 import resource
+import sys
 import time
 
 import pytest
 
 LOG = "CTRTRAIN_CPU_LOG"
 TICK = os.sysconf("SC_CLK_TCK")
+ENV = os.path.basename(sys.prefix)      # .venv (TF 2.21) or .venv-hvd (2.15)
 
 
 def _pools() -> float:
@@ -59,7 +62,8 @@ def pytest_runtest_protocol(item, nextitem):
     if path:
         own2, kids2 = _cpu()
         with open(path, "a") as f:     # one short line per write: workers append safely
-            f.write(json.dumps({"id": item.nodeid, "wall": round(time.monotonic() - wall, 2),
+            f.write(json.dumps({"id": item.nodeid, "env": ENV,
+                                "wall": round(time.monotonic() - wall, 2),
                                 "self": round(own2 - own, 2),
                                 "children": round(kids2 - kids, 2)}) + "\n")
 
@@ -68,7 +72,7 @@ def pytest_terminal_summary(terminalreporter):
     path = os.environ.get(LOG)
     if not path or not os.path.exists(path) or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    rows = [json.loads(line) for line in open(path)]
+    rows = [r for r in map(json.loads, open(path)) if r.get("env", ENV) == ENV]
     for r in rows:
         r["cpu"] = r["self"] + r["children"]
     files = collections.Counter()
