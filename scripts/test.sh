@@ -7,9 +7,9 @@
 #   2.21 pass     every test, in .venv (those marked `serial` last, alone);
 #   2.15 pass     the tests marked `tf215`, in .venv-hvd, beside the 2.21 pass at nice 19: what
 #                 differs on the TF version SageMaker's Horovod containers ship (one end-to-end
-#                 test of each command and mode run by TF 2.15 itself; Horovod ranks and the
-#                 Estimator runner always run in .venv-hvd, so their tests run once, in the
-#                 2.21 pass).
+#                 test of each command and mode run by TF 2.15 itself); and those marked
+#                 `tf215_only`, whose processes run .venv-hvd whichever pass runs them (Horovod
+#                 ranks, the 2.15 framework image): they run in this pass only.
 # Each pass ends with its 10 slowest tests; the script ends with the seconds of each phase.
 #
 #   bash scripts/test.sh                  the whole suite (what CI runs)
@@ -98,8 +98,9 @@ fi
 failed=()
 log215="$root/.cache/test-2.15.log"
 mkdir -p "$root/.cache"
-echo "== tests on TensorFlow 2.21 (.venv): all; beside them, at nice 19, the tests marked tf215"
-echo "   on TensorFlow 2.15.1 + Horovod (.venv-hvd), shown after ($log215)"
+echo "== tests on TensorFlow 2.21 (.venv): all but those marked tf215_only; beside them, at"
+echo "   nice 19, those marked tf215 or tf215_only on TensorFlow 2.15.1 + Horovod (.venv-hvd),"
+echo "   shown after ($log215)"
 # setsid: the pass is a process group of its own, ended with the script (trap below). It is
 # also a session, and where the kernel groups a session's processes for the scheduler
 # (autogroup, /proc/sys/kernel/sched_autogroup_enabled) a nice value counts only inside its
@@ -107,12 +108,13 @@ echo "   on TensorFlow 2.15.1 + Horovod (.venv-hvd), shown after ($log215)"
 # the machine. So the new group itself is given nice 19 (/proc/self/autogroup).
 ( exec setsid sh -c '[ ! -w /proc/self/autogroup ] || echo 19 > /proc/self/autogroup
                      exec nice -n 19 "$@"' sh \
-    "$root/.venv-hvd/bin/python" "${run[@]}" -m "tf215 and not serial" "${parallel[@]}" \
-    --durations=10 >"$log215" 2>&1 ) &
+    "$root/.venv-hvd/bin/python" "${run[@]}" -m "(tf215 or tf215_only) and not serial" \
+    "${parallel[@]}" --durations=10 >"$log215" 2>&1 ) &
 pass215=$!
 trap 'kill -TERM -- -$pass215 2>/dev/null || true; report' EXIT
 ( source "$root/scripts/env.sh" &&
-  python "${run[@]}" -m "not serial" "${parallel[@]}" --durations=10 ) || failed+=("2.21 pass")
+  python "${run[@]}" -m "not serial and not tf215_only" "${parallel[@]}" --durations=10 ) ||
+  failed+=("2.21 pass")
 phase_done "2.21 pass (parallel part)"
 
 echo "== the 2.15 pass, beside the part above and after it"

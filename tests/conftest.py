@@ -23,8 +23,10 @@ def shared_data() -> Path:
 
 def pytest_collection_modifyitems(config, items):
     """A `serial` test runs alone after the 2.21 pass's parallel part (scripts/test.sh); the
-    2.15 pass has no serial part, so a test marked both would never run there."""
-    both = [i.nodeid for i in items if i.get_closest_marker("serial") and i.get_closest_marker("tf215")]
+    2.15 pass has no serial part, so a test marked serial and tf215 (or tf215_only) would
+    never run there."""
+    both = [i.nodeid for i in items if i.get_closest_marker("serial") and
+            (i.get_closest_marker("tf215") or i.get_closest_marker("tf215_only"))]
     if both:
         raise pytest.UsageError(f"marked both serial and tf215 (scripts/test.sh): {both}")
 

@@ -77,7 +77,8 @@ def test_the_best_validation_auc_is_tested_and_exported(small, tmp_path, mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", ["deepfm-allreduce", "horovod"])
+@pytest.mark.parametrize("example", ["deepfm-allreduce",
+                                     pytest.param("horovod", marks=pytest.mark.tf215_only)])
 def test_multi_process_jobs_evaluate_every_epoch_and_export_the_best(small, tmp_path, example):
     """2 all-reduce workers (or Horovod ranks, TF 2.15) through the SageMaker recipe with a
     validation channel: the chief evaluates each epoch while the other rank waits, both decay

@@ -151,7 +151,8 @@ def distinct_values(day, shard=None) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", ["deepfm-allreduce", "horovod"])
+@pytest.mark.parametrize("example", ["deepfm-allreduce",
+                                     pytest.param("horovod", marks=pytest.mark.tf215_only)])
 def test_an_allreduce_job_keeps_one_map_of_every_ranks_values(tmp_path, example):
     """Two hosts, one rank each (MultiWorkerMirroredStrategy, or Horovod's ranks on TF
     2.15): every rank assigns the whole step's keys (all-gathered) in one order, so the map

@@ -308,7 +308,7 @@ def test_a_hosts_share_of_a_data_set_keeps_its_positive_rate(declared, tmp_path)
                  marks=pytest.mark.tf215),
     pytest.param("deepfm-mirrored", {"batch_size": 256, "devices": 2}, marks=pytest.mark.tf215),
     pytest.param("deepfm-data-service", {"batch_size": 256}, marks=pytest.mark.tf215),
-    ("horovod", {"batch_size": 256})])
+    pytest.param("horovod", {"batch_size": 256}, marks=pytest.mark.tf215_only)])
 def test_declared_fields_in_synchronous_modes_match_one_process(declared, declared_single,
                                                                tmp_path, example, hp):
     """Real processes over localhost (or two devices of one), through the SageMaker recipe

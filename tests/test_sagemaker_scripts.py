@@ -318,6 +318,7 @@ def test_requirements_in_the_code_named_by_url_or_option_are_accepted(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.tf215_only
 def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -343,8 +344,9 @@ def test_parameter_servers_on_every_host_with_master_and_worker(tmp_path):
         assert f"[{host}/train] done" in r.stdout
 
 
-@pytest.mark.parametrize("image,environment", [("2.15", {}),
-                                               ("2.21", {"TF_USE_LEGACY_KERAS": "1"})])
+@pytest.mark.parametrize("image,environment", [
+    pytest.param("2.15", {}, marks=pytest.mark.tf215_only),
+    ("2.21", {"TF_USE_LEGACY_KERAS": "1"})])
 @pytest.mark.slow
 def test_multi_worker_mirrored_keras2_fit_and_save_dir(tmp_path, image, environment):
     """Keras 2 as the script expects: the 2.15 image's own, or tf-keras in the 2.21 image
@@ -388,6 +390,7 @@ def test_pipe_mode_channel_streams_each_epoch(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.tf215_only
 def test_pipe_mode_dataset_in_the_2_15_image(tmp_path):
     """PipeModeDataset in the 2.15 image, whose own (sagemaker-tensorflow, the C++ op) is
     2.14's and crashes at a bare iterator's first read: the hosts import ctrtrain's (launch/
@@ -625,6 +628,7 @@ def test_an_images_probe_is_kept_until_its_packages_change(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
+@pytest.mark.tf215_only
 def test_horovod_two_hosts_two_processes_have_per_host_local_ranks(tmp_path):
     """ctrtrain's own horovod mode (horovodrun, Gloo) across two simulated hosts: ranks see
     their host's local rank and size, as mpirun on real hosts gives them."""
@@ -649,6 +653,7 @@ def test_horovod_two_hosts_two_processes_have_per_host_local_ranks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.tf215_only
 def test_mpi_distribution_over_the_instance_groups_it_names(tmp_path):
     """SageMaker's `mpi` distribution in the 2.15 image, in a heterogeneous job whose
     distribution names dnn_group (2 hosts, algo-2 and algo-3): one Horovod world over those
