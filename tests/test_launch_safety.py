@@ -119,16 +119,20 @@ def test_a_recipe_training_longer_than_its_watchdog_finishes(tmp_path, data):
     spec = spec_from_example(tmp_path, "deepfm-single", channels=channels(data),
                              hyperparameters=hp, watchdog=6)
     t = time.monotonic()
-    r = run_cli("launch", spec, timeout=600)
+    run_cli("launch", spec, timeout=600)
     took = time.monotonic() - t
     result = json.loads((tmp_path / "run" / "model" / "result.json").read_text())
     assert result["step"] == 12_000 and took > 12, took  # trained for over twice the watchdog
     record("single: recipe silent for its whole run, watchdog 6 s", job_s=round(took, 1),
            outcome="completed")
-    # The recipe logs its windows, so a job's console shows progress too.
+
+
+@pytest.mark.slow
+def test_a_recipe_logs_its_windows_on_the_jobs_console(tmp_path, data):
+    """The recipe logs its windows, so a job's console shows progress too (not in the serial
+    test above: this launch has no time limit to keep, and the serial part runs alone)."""
     spec = spec_from_example(tmp_path, "deepfm-single", channels=channels(data),
-                             hyperparameters={"steps": 40, "batch_size": 64, "log_every": 10},
-                             output_dir=str(tmp_path / "run2"))
+                             hyperparameters={"steps": 40, "batch_size": 64, "log_every": 10})
     r = run_cli("launch", spec)
     assert r.stdout.count("[train] step") == 4
 
