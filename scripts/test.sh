@@ -87,11 +87,11 @@ if [ "$coverage" = 1 ]; then
 fi
 
 # The 2.21 pass: every test but those marked `serial` on both workers, then those alone (their
-# time limits assume no other worker's load). The 2.15 pass (the tests marked `tf215`; none is
-# also `serial`, tests/conftest.py refuses it) runs *beside* the 2.21 pass's parallel part, at
-# nice 19: the two workers leave about a seventh of the cores idle while their tests wait on
-# sockets, watchdogs and peers, and at nice 19 the 2.15 pass takes only that (about 1.5% of a
-# core while the 2.21 pass's processes want both). Run after it, the 2.15 pass added 130-190 s
+# time limits assume no other worker's load). The 2.15 pass (the tests marked `tf215` or
+# `tf215_only`; none is also `serial`, tests/conftest.py refuses it) runs *beside* the 2.21
+# pass's parallel part, at nice 19: the two workers leave about a seventh of the cores idle
+# while their tests wait on sockets, watchdogs and peers, and at nice 19 the 2.15 pass takes
+# little more than that (4% of a core beside two busy loops at nice 0, measured). Run after it, the 2.15 pass added 130-190 s
 # to the command; three workers of one priority gained nothing (docs/development.md). Its
 # output is kept in a file and shown after the 2.21 pass's, and both run whatever the other's
 # outcome: a failure in one must not hide the other's; the command fails if either did.
