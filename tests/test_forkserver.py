@@ -70,6 +70,8 @@ def test_forked_processes_keep_their_environment_directory_group_and_exit_status
         server = sup.forks.server_pids[0]
         _wait_for_line(serving, f"tf.data service dispatcher on grpc://localhost:{port}")
         assert _parent(serving.proc.pid) == server != os.getpid()
+        with open(f"/proc/{serving.proc.pid}/comm") as f:     # named by its role in ps, top
+            assert f.read().strip() == "dispatcher"
         assert os.getpgid(serving.proc.pid) == serving.proc.pid     # its own group
         assert synth.proc.wait(timeout=120) == 0, list(synth.tail)
         assert (tmp_path / "work" / "made" / "train").is_dir()       # its working directory

@@ -63,6 +63,7 @@ from pathlib import Path
 OFF = "CTRTRAIN_FORK_SERVER"
 POOL = "CTRTRAIN_FORK_POOL"
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 _MAX_MESSAGE = 1 << 20
 # What a process reads from its environment while it imports ctrtrain and TensorFlow: a child
 # whose value differs from the server's must import them itself (a new process).
@@ -395,6 +396,17 @@ def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _name_by_role(env: dict) -> None:
+    """A job's forked process named by its role in ps and top ("worker/1", "ps/0"), where
+    every one would show the server's `python`: which role spends the CPU is seen without
+    reading each one's TF_CONFIG. (The kernel keeps 15 bytes; the command line is unchanged.)"""
+    role = env.get("CTRTRAIN_ROLE")
+    if role:
+        index = env.get("CTRTRAIN_TASK_INDEX")
+        name = (role if index is None else f"{role}/{index}").encode()[:15]
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name))
+
+
 # ---- the server ----
 
 def _serve(sock: socket.socket):
@@ -490,6 +502,7 @@ def _child(request: dict, out: int, err: int | None = None) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _name_by_role(request["env"])
     # `python -m` puts the working directory first on the path.
     sys.path[0] = os.getcwd()
     importlib.invalidate_caches()
