@@ -392,8 +392,12 @@ class ForkServers:
             server.close()
 
 
+def _prctl(option: int, value) -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+
+
 def _die_with_parent():
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _name_by_role(env: dict) -> None:
@@ -404,7 +408,7 @@ def _name_by_role(env: dict) -> None:
     if role:
         index = env.get("CTRTRAIN_TASK_INDEX")
         name = (role if index is None else f"{role}/{index}").encode()[:15]
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name))
+        _prctl(PR_SET_NAME, ctypes.c_char_p(name))
 
 
 # ---- the server ----
